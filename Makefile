@@ -1,0 +1,63 @@
+# flashlab — the doors a reader walks through.
+#   make book         create .venv, install, render the site, print where to open it
+#   make test         unit, property, kernel, notebook (nbval), site and assignment tests
+#   make lab          JupyterLab on notebooks/
+#   make figures      regenerate figures/ from flashlab.figures
+#   make assignments  student versions of the exercises (solutions stripped) in build/assignments
+#   make bench        GPU benchmarks into results/ (needs a CUDA GPU)
+
+PYTHON     ?= python3
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+# pip takes the CPU build of this torch from the local disk; on a CUDA machine set
+# TORCH_SPEC to your build (e.g. TORCH_SPEC='torch==2.11.0') or to '' to keep the installed one.
+TORCH_SPEC ?= torch==2.13.0
+STAMP      := $(VENV)/.flashlab-installed
+SITE       := build/site/_build/html
+
+.PHONY: book test lab figures assignments bench install chromium clean help
+.DEFAULT_GOAL := help
+
+help:
+	@sed -n '2,8p' Makefile | sed 's/^#//'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalls only when pyproject.toml changes (or the venv is new).
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	@if [ -n "$(TORCH_SPEC)" ]; then $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
+	$(PY) -m pip install --quiet -e ".[book,test]"
+	@touch $@
+
+install: $(STAMP)
+
+# Headless Chromium for the site test (Debian package); installed only if missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the site test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+book: $(STAMP)
+	$(PY) -m flashlab.site build
+	@echo "Open $(abspath $(SITE))/index.html"
+
+test: $(STAMP) chromium
+	$(PY) -m pytest tests
+	$(PY) -m pytest --nbval notebooks --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+figures: $(STAMP)
+	$(PY) -m flashlab.figures figures
+
+assignments: $(STAMP)
+	$(PY) -m flashlab.assignments build/assignments
+
+bench: $(STAMP)
+	$(PY) -m flashlab.bench --out results
+
+clean:
+	rm -rf build book/_build
