@@ -1,0 +1,60 @@
+"""Every figure of the book, drawn from code.
+
+Each figure is a function in a submodule that takes no required arguments and
+returns a :class:`matplotlib.figure.Figure`. :data:`FIGURES` maps the file stem
+written under ``figures/`` to ``"module:function"``; ``python -m flashlab.figures
+OUTDIR`` (``make figures``) writes every one as PNG and SVG.
+
+Chapters call the same functions, so the book and ``figures/`` never disagree.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+from matplotlib.figure import Figure
+
+__all__ = ["FIGURES", "get", "save", "save_all"]
+
+# stem -> "submodule:function", in book order (the seed book's figure numbers where they have one)
+FIGURES: dict[str, str] = {
+    "fig01_timeline": "timeline:timeline",
+    "fig02_memory_pyramid": "memory:memory_pyramid",
+    "fig04_online_softmax": "online_softmax:online_softmax_example",
+    "roofline_h200": "memory:roofline",
+}
+
+
+def get(stem: str) -> Callable[..., Figure]:
+    """The function that draws figure ``stem`` (a key of :data:`FIGURES`)."""
+    if stem not in FIGURES:
+        raise ValueError(f"stem must be one of {sorted(FIGURES)}; got {stem!r}")
+    module, func = FIGURES[stem].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)
+
+
+def save(fig: Figure, outdir: str | Path, stem: str) -> list[Path]:
+    """Write ``fig`` as OUTDIR/STEM.png (150 dpi) and OUTDIR/STEM.svg, reproducibly
+    (no timestamps, fixed SVG ids)."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    paths = [outdir / f"{stem}.png", outdir / f"{stem}.svg"]
+    with matplotlib.rc_context({"svg.hashsalt": "flashlab"}):
+        fig.savefig(paths[0], dpi=150, metadata={"Software": None})
+        fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
+    return paths
+
+
+def save_all(outdir: str | Path) -> list[Path]:
+    """Draw every figure in :data:`FIGURES` and write it under ``outdir``."""
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    for stem in FIGURES:
+        fig = get(stem)()
+        written += save(fig, outdir, stem)
+        plt.close(fig)
+    return written

@@ -1,0 +1,23 @@
+"""Exact NumPy references: the specification every faster algorithm is tested against.
+
+Float64 by default. One module per idea:
+
+- :mod:`.softmax` — softmax, online softmax and its (m, l, o_tilde) state
+- :mod:`.naive`   — standard attention with S and P materialised, and its backward
+"""
+
+from .naive import attention, attention_backward, attention_flops, causal_mask, scores
+from .softmax import OnlineSoftmaxState, naive_softmax, online_attention, online_softmax, softmax
+
+__all__ = [
+    "attention",
+    "attention_backward",
+    "attention_flops",
+    "causal_mask",
+    "scores",
+    "softmax",
+    "naive_softmax",
+    "online_softmax",
+    "online_attention",
+    "OnlineSoftmaxState",
+]
