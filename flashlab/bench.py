@@ -1,0 +1,310 @@
+"""Benchmarks: naive attention against fused kernels, and the GPU's own ceilings.
+
+``python -m flashlab.bench --out results`` (``make bench``) runs on a CUDA GPU and
+writes, for each suite, ``results/STEM.csv`` + ``results/STEM.json`` with the
+provenance of the run (see :mod:`flashlab.results`). On a CPU the same functions
+time small problems live (the notebooks use them that way).
+
+Conventions (those of the FlashAttention papers and of ../shared/anchors):
+- batch x sequence length = 16384 tokens, heads = 2048 / d;
+- forward FLOPs = 4 B H N^2 d (two matmuls), halved when causal; forward+backward
+  counts 3.5x the forward (the backward does 5 matmuls to the forward's 2);
+- times are medians of ``triton.testing.do_bench`` on a GPU, of repeated
+  ``time.perf_counter`` runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .reference.naive import attention_flops
+
+__all__ = [
+    "naive_attention_torch",
+    "fused_attention_torch",
+    "time_ms",
+    "compare_naive_fused",
+    "naive_step_costs",
+    "provenance",
+    "main",
+]
+
+TOKENS = 16384
+HEAD_SIZE_TOTAL = 2048
+
+
+def naive_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """The three steps as three separate operations, S and P materialised in memory.
+
+    q, k, v: (B, H, N, d) -> o: (B, H, N, d). Each step reads its input from and
+    writes its output to device memory (HBM on a GPU): exactly the data flow that
+    FlashAttention removes."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, N, N)  write S
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril(n_k - n_q)
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)  # (B, H, N, N)  read S, write P
+    return torch.matmul(p, v)  # (B, H, N, d)     read P and V, write O
+
+
+def fused_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, backend: str = "default") -> torch.Tensor:
+    """torch's fused scaled_dot_product_attention; ``backend`` is "default" (torch picks),
+    "flash", "cudnn", "efficient" or "math"."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    choices = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    if backend == "default":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if backend not in choices:
+        raise ValueError(f"backend must be one of {['default', *choices]}; got {backend!r}")
+    with sdpa_kernel([choices[backend]]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def time_ms(fn: Callable[[], object], device: str, repeats: int = 5) -> float:
+    """Median wall time of ``fn()`` in milliseconds (do_bench with CUDA events on a GPU)."""
+    if device.startswith("cuda"):
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def _peak_extra_bytes(fn: Callable[[], object], device: str) -> int | None:
+    """Peak memory allocated by one call of ``fn`` beyond what was allocated before it."""
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return int(peak)
+
+
+def _qkv(batch: int, heads: int, n: int, d: int, dtype: torch.dtype, device: str, grad: bool = False, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [
+        torch.randn(batch, heads, n, d, generator=g, dtype=torch.float32).to(device=device, dtype=dtype).requires_grad_(grad)
+        for _ in range(3)
+    ]
+
+
+def compare_naive_fused(
+    ns: list[int],
+    d: int = 64,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    backends: tuple[str, ...] = ("naive", "default"),
+    passes: tuple[str, ...] = ("fwd",),
+    tokens: int = TOKENS,
+    heads: int | None = None,
+    causal: bool = False,
+    repeats: int = 5,
+) -> list[dict[str, object]]:
+    """Time naive attention against fused backends over sequence lengths ``ns``.
+
+    batch = max(1, tokens // N), heads = 2048 // d unless given. Returns one row per
+    (backend, N, pass): ms, TFLOP/s and, on a GPU, the peak extra memory in bytes."""
+    heads = heads if heads is not None else max(1, HEAD_SIZE_TOTAL // d)
+    rows = []
+    for n in ns:
+        batch = max(1, tokens // n)
+        fwd_flops = attention_flops(n, n, d, causal=causal, batch=batch * heads)
+        for backend in backends:
+            for pas in passes:
+                q, k, v = _qkv(batch, heads, n, d, dtype, device, grad=(pas == "fwdbwd"))
+                if backend == "naive":
+                    fwd = lambda: naive_attention_torch(q, k, v, causal)  # noqa: E731
+                else:
+                    fwd = lambda: fused_attention_torch(q, k, v, causal, backend)  # noqa: E731
+                if pas == "fwd":
+                    fn, flops = fwd, fwd_flops
+                    with torch.no_grad():
+                        ms, peak = time_ms(fn, device, repeats), _peak_extra_bytes(fn, device)
+                else:
+                    do = torch.randn_like(q)
+                    fn = lambda: torch.autograd.grad(fwd(), (q, k, v), do)  # noqa: E731
+                    flops = 3.5 * fwd_flops
+                    ms, peak = time_ms(fn, device, repeats), _peak_extra_bytes(fn, device)
+                rows.append(
+                    {
+                        "backend": backend,
+                        "pass": pas,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "batch": batch,
+                        "heads": heads,
+                        "N": n,
+                        "d": d,
+                        "causal": causal,
+                        "ms": round(ms, 5),
+                        "tflops": round(flops / (ms * 1e-3) / 1e12, 3),
+                        "peak_extra_bytes": "" if peak is None else peak,
+                    }
+                )
+                del q, k, v
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return rows
+
+
+def naive_step_costs(
+    n: int,
+    d: int = 64,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    tokens: int = TOKENS,
+    repeats: int = 5,
+) -> list[dict[str, object]]:
+    """Time each of the three naive steps on its own, with its FLOPs and the fewest
+    bytes it must move (inputs read once, output written once).
+
+    Rows: step, ms, flops, bytes, TFLOP/s, GB/s, intensity (FLOP/byte)."""
+    heads = max(1, HEAD_SIZE_TOTAL // d)
+    batch = max(1, tokens // n)
+    q, k, v = _qkv(batch, heads, n, d, dtype, device)
+    e = q.element_size()
+    bh = batch * heads
+    with torch.no_grad():
+        s = torch.matmul(q, k.transpose(-2, -1))
+        p = torch.softmax(s, dim=-1)
+        steps = {
+            # step: (function, FLOPs, bytes)
+            "S = QK^T": (lambda: torch.matmul(q, k.transpose(-2, -1)), 2 * bh * n * n * d, bh * (2 * n * d + n * n) * e),
+            # softmax: max, subtract, exp, sum, divide ~ 5 ops per element
+            "P = softmax(S)": (lambda: torch.softmax(s, dim=-1), 5 * bh * n * n, bh * 2 * n * n * e),
+            "O = PV": (lambda: torch.matmul(p, v), 2 * bh * n * n * d, bh * (n * n + 2 * n * d) * e),
+        }
+        rows = []
+        for step, (fn, flops, nbytes) in steps.items():
+            ms = time_ms(fn, device, repeats)
+            rows.append(
+                {
+                    "step": step,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "batch": batch,
+                    "heads": heads,
+                    "N": n,
+                    "d": d,
+                    "ms": round(ms, 5),
+                    "flops": int(flops),
+                    "bytes": int(nbytes),
+                    "tflops": round(flops / (ms * 1e-3) / 1e12, 3),
+                    "gbps": round(nbytes / (ms * 1e-3) / 1e9, 1),
+                    "intensity": round(flops / nbytes, 3),
+                }
+            )
+    return rows
+
+
+def ceilings(device: str = "cuda") -> list[dict[str, object]]:
+    """The two ceilings of the roofline, measured: a dense bf16 8192^3 matmul (FLOP/s) and a
+    large device-to-device copy (bytes read + written per second)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(8192, 8192, generator=g).to(device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, generator=g).to(device=device, dtype=torch.bfloat16)
+    ms_mm = time_ms(lambda: a @ b, device)
+    x = torch.randn(2**30, dtype=torch.float32, device=device)  # 4 GiB
+    y = torch.empty_like(x)
+    ms_cp = time_ms(lambda: y.copy_(x), device)
+    return [
+        {"ceiling": "matmul_bf16_8192", "ms": round(ms_mm, 5), "value": round(2 * 8192**3 / (ms_mm * 1e-3), 1), "unit": "FLOP/s"},
+        {"ceiling": "copy_4GiB", "ms": round(ms_cp, 5), "value": round(2 * x.numel() * 4 / (ms_cp * 1e-3), 1), "unit": "B/s"},
+    ]
+
+
+def provenance(command: str) -> dict[str, object]:
+    """GPU, driver, CUDA, torch and triton versions, date, command and git commit of this run."""
+    import triton
+
+    def _run(args: list[str]) -> str:
+        try:
+            return subprocess.run(args, capture_output=True, text=True, timeout=30).stdout.strip()
+        except Exception:
+            return "unknown"
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "CPU"
+    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
+    # A copy of the tree without .git (e.g. on a lent GPU machine) gets the commit from FLASHLAB_COMMIT.
+    commit = os.environ.get("FLASHLAB_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or "unknown"
+    dirty = "" if os.environ.get("FLASHLAB_COMMIT") else _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {
+        "gpu": gpu,
+        "driver": driver[0] if driver else "none",
+        "cuda": torch.version.cuda or "none",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "commit": commit + ("+dirty" if dirty else ""),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import results
+
+    parser = argparse.ArgumentParser(prog="python -m flashlab.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(results.RESULTS_DIR), help="folder for STEM.csv + STEM.json")
+    parser.add_argument("--tag", default="h200", help="suffix of the result stems (the GPU's short name)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.quick:
+        print("make bench needs a CUDA GPU; use --quick to exercise the harness on a CPU", file=sys.stderr)
+        return 2
+    command = "python -m flashlab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    meta = provenance(command.strip())
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    ns = [256, 512] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    tokens = 1024 if args.quick else TOKENS
+    backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
+    suites: dict[str, list[dict[str, object]]] = {}
+    suites[f"naive_vs_fused_{args.tag}"] = [
+        row
+        for d in (64, 128)
+        for row in compare_naive_fused(ns, d, device=device, dtype=dtype, backends=backends, passes=("fwd", "fwdbwd"), tokens=tokens)
+    ]
+    suites[f"naive_steps_{args.tag}"] = [
+        row for n in ns for d in (64, 128) for row in naive_step_costs(n, d, device=device, dtype=dtype, tokens=tokens)
+    ]
+    if device == "cuda":
+        suites[f"ceilings_{args.tag}"] = ceilings(device)
+    for stem, rows in suites.items():
+        for path in results.write(stem, rows, meta, args.out):
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
