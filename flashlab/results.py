@@ -85,7 +85,7 @@ def write(stem: str, rows: list[dict[str, object]], meta: dict[str, object], res
     base.mkdir(parents=True, exist_ok=True)
     csv_path, meta_path = base / f"{stem}.csv", base / f"{stem}.json"
     with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
