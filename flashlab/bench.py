@@ -286,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m flashlab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = provenance(command.strip())
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    ns = [256, 512] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    tokens = 1024 if args.quick else TOKENS
+    ns = [128, 256] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    tokens = 256 if args.quick else TOKENS
     backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
     suites: dict[str, list[dict[str, object]]] = {}
     suites[f"naive_vs_fused_{args.tag}"] = [

@@ -1,0 +1,81 @@
+"""Recorded results carry their provenance; the benchmark harness runs on a CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from flashlab import bench, results
+
+
+def test_every_recorded_result_has_provenance():
+    stems = sorted(p.stem for p in results.RESULTS_DIR.glob("*.csv"))
+    assert stems, "results/ holds no recorded measurements"
+    for stem in stems:
+        rec = results.load(stem)
+        assert rec.rows
+        for key in results.REQUIRED_META:
+            assert rec.meta[key] not in ("", None, "unknown"), f"{stem}.json: {key} is {rec.meta[key]!r}"
+        assert rec.meta["gpu"] in rec.provenance
+
+
+def test_recorded_h200_run_is_self_consistent():
+    rec = results.load("naive_vs_fused_h200")
+    for row in rec.rows:
+        flops = 4 * row["batch"] * row["heads"] * row["N"] ** 2 * row["d"] * (3.5 if row["pass"] == "fwdbwd" else 1)
+        assert row["tflops"] == pytest.approx(flops / (row["ms"] * 1e-3) / 1e12, rel=1e-3)
+    naive = rec.where(backend="naive", **{"pass": "fwd"}, d=64, N=16384)[0]
+    flash = rec.where(backend="flash", **{"pass": "fwd"}, d=64, N=16384)[0]
+    assert naive["peak_extra_bytes"] > 100 * flash["peak_extra_bytes"]  # N^2 vs N
+
+
+def test_write_then_load_roundtrip(tmp_path):
+    meta = {k: "x" for k in results.REQUIRED_META}
+    results.write("demo", [{"a": 1, "b": 2.5, "c": "text"}], meta, tmp_path)
+    rec = results.load("demo", tmp_path)
+    assert rec.rows == [{"a": 1, "b": 2.5, "c": "text"}]
+    assert json.loads((tmp_path / "demo.json").read_text()) == meta
+
+
+def test_load_and_where_errors(tmp_path):
+    with pytest.raises(ValueError, match="stem must name a recorded result"):
+        results.load("nope", tmp_path)
+    with pytest.raises(ValueError, match="meta must record"):
+        results.write("demo", [{"a": 1}], {}, tmp_path)
+    rec = results.load("naive_vs_fused_h200")
+    with pytest.raises(ValueError, match="column must be one of"):
+        rec.where(colour="red")
+
+
+def test_naive_torch_matches_reference_and_sdpa():
+    from flashlab.reference import attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    for causal in (False, True):
+        ref = torch.from_numpy(attention(q.numpy(), k.numpy(), v.numpy(), causal=causal))
+        torch.testing.assert_close(bench.naive_attention_torch(q, k, v, causal), ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(bench.fused_attention_torch(q, k, v, causal), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_quick_bench_on_cpu(tmp_path):
+    assert bench.main(["--quick", "--out", str(tmp_path), "--tag", "cpu"]) == 0
+    rec = results.load("naive_vs_fused_cpu", tmp_path)
+    assert {r["backend"] for r in rec.rows} == {"naive", "default"}
+    steps = results.load("naive_steps_cpu", tmp_path)
+    softmax_rows = steps.where(step="P = softmax(S)")
+    assert all(r["intensity"] == 5 / (2 * 4) for r in softmax_rows)  # 5 FLOPs per fp32 element read + written
+
+
+def test_bench_refuses_cpu_without_quick():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert bench.main(["--out", "/nonexistent"]) == 2
+
+
+def test_fused_backend_name_checked():
+    q = torch.zeros(1, 1, 2, 2)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        bench.fused_attention_torch(q, q, q, backend="fast")
