@@ -1,0 +1,163 @@
+"""The four generations of FlashAttention, as data.
+
+Every chapter of the book asks one question: *what is holding the computation back
+right now?* Each FlashAttention paper found a different answer on a different GPU.
+This module records, for each generation, the paper, the GPU it was tuned for, the
+bottleneck it attacked, its answer and its headline result, with a source for the
+headline. The timeline figure (:func:`flashlab.figures.timeline.timeline`), the
+preface and the epilogue all read from here, so they never disagree.
+
+Sources
+-------
+1. Dao, Fu, Ermon, Rudra, Ré. *FlashAttention: Fast and Memory-Efficient Exact
+   Attention with IO-Awareness.* NeurIPS 2022. arXiv:2205.14135.
+2. Dao. *FlashAttention-2: Faster Attention with Better Parallelism and Work
+   Partitioning.* 2023. arXiv:2307.08691.
+3. Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao. *FlashAttention-3: Fast and
+   Accurate Attention with Asynchrony and Low-precision.* 2024. arXiv:2407.08608.
+4. Zadouri, Hoehnerbach, Shah, Liu, Thakkar, Dao. *FlashAttention-4: Algorithm and
+   Kernel Pipelining Co-Design for Asymmetric Hardware Scaling.* 2026.
+   arXiv:2603.05451.
+
+The headline numbers are the papers' own, as collected in the seed book's chapter
+summaries (§2.4, §3.5, §4.7, §5.8) and its epilogue table. ``utilisation`` is the
+share of the GPU's dense 16-bit tensor-core peak that the paper reports for the
+forward pass, as a (low, high) range; for version 1 it is the figure the
+FlashAttention-2 paper gives for its predecessor.
+
+Glossary: bottleneck = the resource that limits speed (瓶颈); utilisation = achieved
+FLOP/s divided by peak FLOP/s (利用率); HBM = the GPU's off-chip memory (高带宽显存).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import GPU, GPUS
+
+__all__ = ["Generation", "GENERATIONS", "get"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One FlashAttention paper and the question it answered.
+
+    Attributes
+    ----------
+    number : 1, 2, 3 or 4.
+    version : the paper's name for it, e.g. "FlashAttention-2".
+    year : year of the arXiv paper.
+    title, authors, arxiv : the paper (``arxiv`` is the bare identifier).
+    gpu : key into :data:`flashlab.hardware.GPUS` of the GPU the paper targets.
+    bottleneck : what was holding the computation back (the question's answer).
+    answer : what the paper did about it, in a few words.
+    headline : the headline result, short.
+    source : where the headline comes from.
+    utilisation : (low, high) share of the dense 16-bit tensor peak reported.
+    utilisation_source : where ``utilisation`` comes from.
+    """
+
+    number: int
+    version: str
+    year: int
+    title: str
+    authors: tuple[str, ...]
+    arxiv: str
+    gpu: str
+    bottleneck: str
+    answer: str
+    headline: str
+    source: str
+    utilisation: tuple[float, float]
+    utilisation_source: str
+
+    @property
+    def url(self) -> str:
+        """The paper's arXiv page."""
+        return f"https://arxiv.org/abs/{self.arxiv}"
+
+    @property
+    def hardware(self) -> GPU:
+        """The :class:`flashlab.hardware.GPU` this generation was tuned for."""
+        return GPUS[self.gpu]
+
+    @property
+    def short_authors(self) -> str:
+        """"Dao" for one author, "Dao et al." for several (first author's surname)."""
+        surname = self.authors[0].split()[-1]
+        return surname if len(self.authors) == 1 else f"{surname} et al."
+
+
+GENERATIONS: tuple[Generation, ...] = (
+    Generation(
+        number=1,
+        version="FlashAttention",
+        year=2022,
+        title="FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness",
+        authors=("Tri Dao", "Daniel Y. Fu", "Stefano Ermon", "Atri Rudra", "Christopher Ré"),
+        arxiv="2205.14135",
+        gpu="A100",
+        bottleneck="moving data",
+        answer="tiling + online softmax in one fused pass; recompute in the backward",
+        headline="HBM traffic 9x lower; GPT-2 attention 5.7x faster",
+        source=(
+            "FlashAttention paper, Fig. 2 (left): GPT-2 medium attention, N=1024, forward+backward "
+            "on A100: 40.3 GB vs 4.4 GB of HBM traffic, 41.7 ms vs 7.3 ms; as quoted in the seed book §2.4"
+        ),
+        utilisation=(0.25, 0.40),
+        utilisation_source="FlashAttention-2 paper, §1: FlashAttention reaches only 25-40% of the A100's peak FLOP/s",
+    ),
+    Generation(
+        number=2,
+        version="FlashAttention-2",
+        year=2023,
+        title="FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning",
+        authors=("Tri Dao",),
+        arxiv="2307.08691",
+        gpu="A100",
+        bottleneck="poor division of labour",
+        answer="fewer non-matmul FLOPs; parallel over the sequence; split Q across warps",
+        headline="~2x FlashAttention; 50–73% of A100 peak",
+        source="FlashAttention-2 paper, abstract and §4; as quoted in the seed book §3.5",
+        utilisation=(0.50, 0.73),
+        utilisation_source="FlashAttention-2 paper, abstract: 50-73% of the theoretical maximum FLOP/s on A100",
+    ),
+    Generation(
+        number=3,
+        version="FlashAttention-3",
+        year=2024,
+        title="FlashAttention-3: Fast and Accurate Attention with Asynchrony and Low-precision",
+        authors=("Jay Shah", "Ganesh Bikshandi", "Ying Zhang", "Vijay Thakkar", "Pradeep Ramani", "Tri Dao"),
+        arxiv="2407.08608",
+        gpu="H100",
+        bottleneck="units waiting on each other",
+        answer="warp specialisation, ping-pong and intra-warpgroup pipelining; FP8",
+        headline="740 TFLOP/s FP16 (≈75% of H100); ≈1.2 PFLOP/s FP8",
+        source="FlashAttention-3 paper, abstract and §4; as quoted in the seed book §4.7",
+        utilisation=(0.75, 0.75),
+        utilisation_source="FlashAttention-3 paper, abstract: 740 TFLOP/s FP16, 75% utilisation of H100",
+    ),
+    Generation(
+        number=4,
+        version="FlashAttention-4",
+        year=2026,
+        title="FlashAttention-4: Algorithm and Kernel Pipelining Co-Design for Asymmetric Hardware Scaling",
+        authors=("Ted Zadouri", "Markus Hoehnerbach", "Jay Shah", "Timmy Liu", "Vijay Thakkar", "Tri Dao"),
+        arxiv="2603.05451",
+        gpu="B200",
+        bottleneck="the exponential unit and shared memory did not scale with the tensor cores",
+        answer="software exp2 on the FMA units; conditional rescaling; TMEM and 2-CTA backward",
+        headline="1613 TFLOP/s BF16 on B200 (71% of peak)",
+        source="FlashAttention-4 paper, abstract; as quoted in the seed book §5.8",
+        utilisation=(0.71, 0.71),
+        utilisation_source="FlashAttention-4 paper, abstract: 1613 TFLOP/s BF16 on B200, 71% utilisation",
+    ),
+)
+
+
+def get(number: int) -> Generation:
+    """The generation with this ``number`` (1, 2, 3 or 4)."""
+    for generation in GENERATIONS:
+        if generation.number == number:
+            return generation
+    raise ValueError(f"number must be one of {[g.number for g in GENERATIONS]}; got {number!r}")
