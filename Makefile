@@ -5,6 +5,7 @@
 #   make figures      regenerate figures/ from flashlab.figures
 #   make assignments  student versions of the exercises (solutions stripped) in build/assignments
 #   make bench        GPU benchmarks into results/ (needs a CUDA GPU)
+#   make notebooks    re-execute every notebook in place (after changing the package)
 
 PYTHON     ?= python3
 VENV       ?= .venv
@@ -13,13 +14,12 @@ PY         := $(VENV)/bin/python
 # TORCH_SPEC to your build (e.g. TORCH_SPEC='torch==2.11.0') or to '' to keep the installed one.
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.flashlab-installed
-SITE       := build/site/_build/html
 
-.PHONY: book test lab figures assignments bench install chromium clean help
+.PHONY: book test lab figures assignments bench notebooks install chromium clean help
 .DEFAULT_GOAL := help
 
 help:
-	@sed -n '2,8p' Makefile | sed 's/^#//'
+	@sed -n '2,9p' Makefile | sed 's/^#//'
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,6 @@ chromium:
 
 book: $(STAMP)
 	$(PY) -m flashlab.site build
-	@echo "Open $(abspath $(SITE))/index.html"
 
 test: $(STAMP) chromium
 	$(PY) -m pytest tests
@@ -58,6 +57,9 @@ assignments: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m flashlab.bench --out results
+
+notebooks: $(STAMP)
+	for nb in notebooks/*.ipynb; do $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 
 clean:
 	rm -rf build book/_build

@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def as_float_array(name: str, x: object, dtype: type = np.float64, min_ndim: int = 1) -> np.ndarray:
+def as_float_array(
+    name: str, x: object, dtype: type = np.float64, min_ndim: int = 1, allow_neg_inf: bool = False
+) -> np.ndarray:
     """Convert ``x`` to a floating array of ``dtype``; reject non-numeric data,
-    too few dimensions and non-finite values (NaN, +-inf)."""
+    too few dimensions and non-finite values (NaN, +-inf; -inf is allowed, as a
+    masked entry, when ``allow_neg_inf``)."""
     try:
         arr = np.asarray(x)
     except Exception as exc:  # pragma: no cover - numpy raises many types here
@@ -20,9 +23,11 @@ def as_float_array(name: str, x: object, dtype: type = np.float64, min_ndim: int
     if arr.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s); got shape {arr.shape}")
     arr = arr.astype(dtype, copy=False)
-    if not np.all(np.isfinite(arr)):
-        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-        raise ValueError(f"{name} must be finite; found {arr[bad]} at index {bad}")
+    bad_mask = np.isnan(arr) | np.isposinf(arr) if allow_neg_inf else ~np.isfinite(arr)
+    if np.any(bad_mask):
+        bad = tuple(int(i) for i in np.argwhere(bad_mask)[0])
+        allowed = "finite or -inf (a masked entry)" if allow_neg_inf else "finite"
+        raise ValueError(f"{name} must be {allowed}; found {arr[bad]} at index {bad}")
     return arr
 
 

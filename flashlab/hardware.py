@@ -64,6 +64,8 @@ class GPU:
     mufu_exp_per_cycle : exp2 evaluations per SM per cycle (MUFU).
     smem_bytes_per_cycle : shared-memory read bandwidth per SM per cycle.
     tmem_per_sm : bytes of tensor memory per SM (Blackwell only, else 0).
+    register_file_per_sm : bytes of registers per SM (64K 32-bit registers on
+        every GPU here), the fastest and smallest level; 0 if not given.
     sram_bandwidth : aggregate SRAM bandwidth in bytes/s.
     sources : for each attribute name, where its number comes from.
     """
@@ -83,6 +85,7 @@ class GPU:
     smem_bytes_per_cycle: int
     tmem_per_sm: int = 0
     sram_bandwidth: float = 0.0
+    register_file_per_sm: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     # ---- derived quantities -------------------------------------------------
@@ -90,6 +93,11 @@ class GPU:
     def sram_total(self) -> int:
         """Bytes of SRAM on the whole chip (SMs x SRAM per SM)."""
         return self.sm_count * self.sram_per_sm
+
+    @property
+    def register_total(self) -> int:
+        """Bytes of registers on the whole chip (SMs x register file per SM)."""
+        return self.sm_count * self.register_file_per_sm
 
     @property
     def exp_per_second(self) -> float:
@@ -129,6 +137,10 @@ _CUDA_GUIDE = (
     "CUDA C++ Programming Guide, 'Arithmetic Instructions' throughput table: "
     "16 results/clock/SM for exp2f and other special functions on compute capability 8.x and 9.0"
 )
+_REGISTERS = (
+    "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability': "
+    "64K 32-bit registers per SM = 256 KB"
+)
 _FA4_TABLE = "FlashAttention-4 paper (Zadouri et al., 2026), per-SM per-cycle resource table, as quoted in the seed book §5.1"
 
 A100 = GPU(
@@ -146,6 +158,7 @@ A100 = GPU(
     mufu_exp_per_cycle=16,
     smem_bytes_per_cycle=128,
     sram_bandwidth=19 * TB,
+    register_file_per_sm=256 * KB,
     sources={
         "sm_count": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs",
         "sram_per_sm": "FlashAttention paper (Dao et al., 2022) §2.1: 192 KB of on-chip SRAM per SM",
@@ -158,6 +171,7 @@ A100 = GPU(
         "mufu_exp_per_cycle": _CUDA_GUIDE,
         "smem_bytes_per_cycle": "A100 whitepaper: 128 bytes/clock/SM of shared-memory bandwidth",
         "sram_bandwidth": "FlashAttention paper §2.1: SRAM bandwidth estimated around 19 TB/s",
+        "register_file_per_sm": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 256 KB register file per SM; " + _REGISTERS,
     },
 )
 
@@ -176,6 +190,7 @@ H100 = GPU(
     mufu_exp_per_cycle=16,
     smem_bytes_per_cycle=128,
     sram_bandwidth=132 * 128 * 1.83e9,
+    register_file_per_sm=256 * KB,
     sources={
         "sm_count": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 132 SMs on H100 SXM5",
         "sram_per_sm": "H100 whitepaper: up to 228 KB shared memory per SM",
@@ -188,6 +203,7 @@ H100 = GPU(
         "mufu_exp_per_cycle": _FA4_TABLE + ": 16 exps per SM per cycle; FlashAttention-3 §3: 3.9 TFLOPS of special functions",
         "smem_bytes_per_cycle": _FA4_TABLE + ": 128 bytes per SM per cycle",
         "sram_bandwidth": "derived: 132 SMs x 128 B/cycle x 1.83 GHz",
+        "register_file_per_sm": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 256 KB register file per SM; " + _REGISTERS,
     },
 )
 
@@ -206,6 +222,7 @@ H200 = GPU(
     mufu_exp_per_cycle=16,
     smem_bytes_per_cycle=128,
     sram_bandwidth=132 * 128 * 1.83e9,
+    register_file_per_sm=256 * KB,
     sources={
         "sm_count": "NVIDIA H200 datasheet: same GH100 chip as H100 SXM5, 132 SMs",
         "sram_per_sm": "same SM as H100 (H100 whitepaper): 228 KB shared memory per SM",
@@ -218,6 +235,7 @@ H200 = GPU(
         "mufu_exp_per_cycle": "same SM as H100: " + _FA4_TABLE,
         "smem_bytes_per_cycle": "same SM as H100: " + _FA4_TABLE,
         "sram_bandwidth": "derived: 132 SMs x 128 B/cycle x 1.83 GHz",
+        "register_file_per_sm": "same SM as H100 (H100 whitepaper): 256 KB register file per SM; " + _REGISTERS,
     },
 )
 
@@ -237,6 +255,7 @@ B200 = GPU(
     smem_bytes_per_cycle=128,
     tmem_per_sm=256 * KB,
     sram_bandwidth=148 * 128 * (2250 * TERA / (148 * 8192)),
+    register_file_per_sm=256 * KB,
     sources={
         "sm_count": "NVIDIA Blackwell architecture technical brief: 148 SMs enabled on B200",
         "sram_per_sm": "CUDA C++ Programming Guide, compute capability 10.0: 228 KB shared memory per SM",
@@ -251,6 +270,7 @@ B200 = GPU(
         "smem_bytes_per_cycle": _FA4_TABLE + ": 128 bytes per SM per cycle (unchanged from H100)",
         "tmem_per_sm": _FA4_TABLE + ": 256 KB tensor memory per SM",
         "sram_bandwidth": "derived: 148 SMs x 128 B/cycle x clock",
+        "register_file_per_sm": _REGISTERS + " (compute capability 10.0)",
     },
 )
 
@@ -270,6 +290,7 @@ B300 = GPU(
     smem_bytes_per_cycle=128,
     tmem_per_sm=256 * KB,
     sram_bandwidth=160 * 128 * (2250 * TERA / (160 * 8192)),
+    register_file_per_sm=256 * KB,
     sources={
         "sm_count": "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (2025): 160 SMs",
         "sram_per_sm": "same SM design as B200 (CUDA C++ Programming Guide, compute capability 10.x)",
@@ -283,6 +304,7 @@ B300 = GPU(
         "smem_bytes_per_cycle": "same SM design as B200: " + _FA4_TABLE,
         "tmem_per_sm": "'Inside NVIDIA Blackwell Ultra': 256 KB TMEM per SM (40 MB over 160 SMs)",
         "sram_bandwidth": "derived: 160 SMs x 128 B/cycle x clock",
+        "register_file_per_sm": _REGISTERS + " (compute capability 10.x)",
     },
 )
 

@@ -53,6 +53,23 @@ def attention_by_torch(q, k, v, causal=False, scale=None):
     return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale).numpy()
 
 
+def qkv_strategy(max_n=9, max_d=6):
+    @st.composite
+    def build(draw):
+        lead = draw(st.sampled_from([(), (2,), (2, 3)]))
+        n_q, n_k = draw(st.integers(1, max_n)), draw(st.integers(1, max_n))
+        d, d_v = draw(st.integers(1, max_d)), draw(st.integers(1, max_d))
+        seed = draw(st.integers(0, 2**32 - 1))
+        spread = draw(st.sampled_from([0.1, 1.0, 10.0]))
+        rng = np.random.default_rng(seed)
+        q = rng.normal(scale=spread, size=lead + (n_q, d))
+        k = rng.normal(scale=spread, size=lead + (n_k, d))
+        v = rng.normal(size=lead + (n_k, d_v))
+        return q, k, v
+
+    return build()
+
+
 # ---------------------------------------------------------------- softmax
 @settings(max_examples=200, deadline=None)
 @given(x=hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=9), elements=logits))
@@ -87,29 +104,41 @@ def test_fp16_overflow_and_its_cure():
     np.testing.assert_allclose(softmax(x.astype(np.float64)), softmax_by_definition(x.astype(np.float64)), rtol=TOL)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    x=hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=10),
+                 elements=st.one_of(logits, st.just(-np.inf))),
+    block_size=st.integers(1, 12),
+)
+def test_online_softmax_with_masked_entries(x, block_size):
+    np.testing.assert_allclose(online_softmax(x, block_size), softmax(x), rtol=TOL, atol=TOL)
+
+
+@settings(max_examples=150, deadline=None)
+@given(qkv=qkv_strategy(max_n=10), split=st.integers(0, 10), causal=st.booleans())
+def test_merge_of_two_key_sets_equals_attention(qkv, split, causal):
+    """Split the keys at any point (either part may be empty), summarise each part, merge in
+    either order: the output is attention over all keys (equation (4))."""
+    q, k, v = qkv
+    s = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
+    split = min(split, k.shape[-2])
+    parts = [
+        OnlineSoftmaxState.empty(s.shape[:-1], v.shape[-1]).update(s[..., a:b], v[..., a:b, :])
+        for a, b in ((0, split), (split, k.shape[-2]))
+    ]
+    expected = attention(q, k, v, causal=causal)
+    for first, second in (parts, parts[::-1]):
+        np.testing.assert_allclose(first.merge(second).output(), expected, rtol=1e-10, atol=TOL)
+
+
 def test_softmax_masked_rows():
     x = np.array([[-np.inf, -np.inf], [0.0, -np.inf]])
     np.testing.assert_array_equal(softmax(x), [[0.0, 0.0], [1.0, 0.0]])
 
 
 # ---------------------------------------------------------------- attention
-def qkv_strategy(max_n=9, max_d=6):
-    @st.composite
-    def build(draw):
-        lead = draw(st.sampled_from([(), (2,), (2, 3)]))
-        n_q, n_k = draw(st.integers(1, max_n)), draw(st.integers(1, max_n))
-        d, d_v = draw(st.integers(1, max_d)), draw(st.integers(1, max_d))
-        seed = draw(st.integers(0, 2**32 - 1))
-        spread = draw(st.sampled_from([0.1, 1.0, 10.0]))
-        rng = np.random.default_rng(seed)
-        q = rng.normal(scale=spread, size=lead + (n_q, d))
-        k = rng.normal(scale=spread, size=lead + (n_k, d))
-        v = rng.normal(size=lead + (n_k, d_v))
-        return q, k, v
-
-    return build()
-
-
 @settings(max_examples=150, deadline=None)
 @given(qkv=qkv_strategy(), causal=st.booleans(), scale=st.sampled_from([None, 0.3, 2.0]))
 def test_attention_matches_torch(qkv, causal, scale):
@@ -208,7 +237,8 @@ def test_attention_flops():
         (lambda: attention(np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2)), scale=0), ["scale", "positive"]),
         (lambda: online_softmax(np.ones(4), 0), ["block_size", ">= 1", "got 0"]),
         (lambda: online_softmax(np.ones(4), 1.5), ["block_size", "integer", "1.5"]),
-        (lambda: online_softmax(np.array([1.0, np.inf]), 2), ["x must not contain", "+inf"]),
+        (lambda: online_softmax(np.array([1.0, np.inf]), 2), ["x must be finite or -inf", "inf", "(1,)"]),
+        (lambda: online_softmax(np.array([[1.0, np.nan]]), 2), ["x must be finite or -inf", "nan", "(0, 1)"]),
         (lambda: online_softmax(np.array(["a"]), 1), ["x must hold real numbers"]),
         (lambda: online_attention(np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 3)), 0), ["block_size"]),
         (lambda: attention_backward(np.ones((4, 3)), np.ones((4, 3)), np.ones((4, 2)), np.ones((4, 3))), ["do", "(4, 2)", "(4, 3)"]),

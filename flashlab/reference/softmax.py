@@ -20,6 +20,15 @@ and at the end o = o_tilde / l. Nothing is approximated: exp(s - m_new) equals
 exp(s - m) * exp(m - m_new) exactly, so the state after any sequence of blocks is
 the state the whole row would have produced.
 
+Two states built from disjoint parts of the same row combine the same way
+(``OnlineSoftmaxState.merge``), in either order:
+
+    m = max(m_1, m_2),   l = exp(m_1 - m) l_1 + exp(m_2 - m) l_2,
+    o_tilde = exp(m_1 - m) o_tilde_1 + exp(m_2 - m) o_tilde_2                  (4)
+
+``update`` is the special case where the second state is one block's alone; split-KV
+decoding (flash-decoding) uses (4) to join partial results computed in parallel.
+
 Glossary: m = running max (当前最大值); l = running denominator (分母, 指数和);
 o_tilde = unnormalised output (未归一化输出); block = a chunk of the row read at once (块).
 """
@@ -105,6 +114,8 @@ class OnlineSoftmaxState:
             raise ValueError(f"s_block must have shape {self.m.shape} + (B,); got {s.shape}")
         if (v_block is None) != (self.o_tilde is None):
             raise ValueError("v_block must be given exactly when the state tracks o_tilde")
+        if s.shape[-1] == 0:  # an empty block changes nothing
+            return self
         m_new = np.maximum(self.m, np.max(s, axis=-1))  # (1)
         ref = np.where(np.isneginf(m_new), 0.0, m_new)  # all masked so far: keep exp() at 0, not NaN
         alpha = np.exp(self.m - ref)  # exp(m - m_new): the one rescale factor per row
@@ -120,6 +131,35 @@ class OnlineSoftmaxState:
             )
         o_new = alpha[..., None] * self.o_tilde + p @ v  # (3)  (..., d_v)
         return OnlineSoftmaxState(m_new, l_new, o_new)
+
+    def merge(self, other: "OnlineSoftmaxState") -> "OnlineSoftmaxState":
+        """Combine this state with one built from a disjoint set of keys (equation (4)).
+
+        If ``self`` summarises the keys of set A and ``other`` those of set B (same rows),
+        the result is the state of A and B together, equal (up to rounding) to folding all
+        their blocks through :meth:`update` in any order. Either state may be empty.
+
+        Parameters
+        ----------
+        other : OnlineSoftmaxState with the same row shape (and d_v, if values are tracked).
+        """
+        if self.m.shape != other.m.shape:
+            raise ValueError(f"states must cover the same rows; got m shapes {self.m.shape} and {other.m.shape}")
+        if (self.o_tilde is None) != (other.o_tilde is None):
+            raise ValueError("both states must track o_tilde, or neither")
+        if self.o_tilde is not None and self.o_tilde.shape != other.o_tilde.shape:
+            raise ValueError(
+                f"o_tilde shapes must match; got {self.o_tilde.shape} and {other.o_tilde.shape}"
+            )
+        m = np.maximum(self.m, other.m)  # (4)  (...,)
+        ref = np.where(np.isneginf(m), 0.0, m)  # both empty: keep exp() at 0, not NaN
+        a1 = np.exp(self.m - ref)  # exp(m_1 - m)
+        a2 = np.exp(other.m - ref)  # exp(m_2 - m)
+        l = a1 * self.l + a2 * other.l  # (4)
+        if self.o_tilde is None:
+            return OnlineSoftmaxState(m, l)
+        o = a1[..., None] * self.o_tilde + a2[..., None] * other.o_tilde  # (4)  (..., d_v)
+        return OnlineSoftmaxState(m, l, o)
 
     def output(self) -> np.ndarray:
         """o = o_tilde / l, shape (..., d_v); rows that saw only masked keys give 0."""
@@ -150,15 +190,18 @@ def online_softmax(x, block_size: int) -> np.ndarray:
 
     Parameters
     ----------
-    x : array (..., N)
+    x : array (..., N); -inf marks a masked entry (a fully masked row gives zeros,
+        as in :func:`softmax`); NaN and +inf are rejected.
     block_size : int >= 1
     """
     block_size = positive_int("block_size", block_size)
-    x = as_float_array("x", x, np.float64, min_ndim=1)
+    x = as_float_array("x", x, np.float64, min_ndim=1, allow_neg_inf=True)
     state = OnlineSoftmaxState.empty(x.shape[:-1])
     for start, stop in _blocks(x.shape[-1], block_size):
-        state = state.update(x[..., start:stop])
-    return np.exp(x - state.m[..., None]) / state.l[..., None]
+        state = state.update(x[..., start:stop])  # pass 1: (1)-(2)
+    m = np.where(np.isneginf(state.m), 0.0, state.m)[..., None]  # (..., 1)
+    l = state.l[..., None]  # (..., 1)
+    return np.divide(np.exp(x - m), l, out=np.zeros_like(x), where=l > 0)  # pass 2
 
 
 def online_attention(q, k, v, block_size: int, causal: bool = False, scale: float | None = None) -> np.ndarray:

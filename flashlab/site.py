@@ -1,0 +1,248 @@
+"""Build the book's website: ``python -m flashlab.site build [OUT_DIR]``.
+
+The site is a Jupyter Book 1.x build (Sphinx + myst-nb + sphinx-book-theme) in
+four steps, none of which touches the source tree or the network:
+
+1. **Stage** ``book/`` (config, table of contents, prose pages), ``notebooks/*.ipynb``
+   and ``figures/`` into ``OUT_DIR`` (default ``build/site``), mirroring the
+   repository layout so that a notebook's ``../figures/x.png`` still resolves.
+   Markdown cells are lightly rewritten on the way (``\\(x\\)`` becomes ``$x$``; a
+   chapter's hand-written heading numbers are dropped because Sphinx numbers them).
+2. **Filter the table of contents**: chapters whose notebook does not exist yet are
+   left out, and notebooks that exist but are not listed are added next to the
+   listed entry that precedes them in file-name order (so a new chapter appears
+   as soon as its notebook is committed).
+3. **Render** with ``jupyter-book build``; notebooks are *not* executed (their
+   committed outputs are shown; ``pytest --nbval`` checks those separately).
+4. **Install MathJax**: the MathJax 2.7 shipped in the PyPI package
+   ``jupyter-server-mathjax`` is copied to ``_static/mathjax/`` of the built site,
+   where ``mathjax_path`` in ``book/_config.yml`` points. It is copied after Sphinx
+   has run because Jupyter Book adds every ``.js`` file of ``book/_static`` to
+   every page.
+
+The result is ``OUT_DIR/_build/html/index.html``; open it straight from disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+__all__ = ["REPO", "build_site", "latex_delimiters_to_dollars", "mathjax_source", "stage",
+           "staged_toc", "strip_heading_numbers"]
+
+REPO = Path(__file__).resolve().parent.parent
+MATHJAX_DEST = Path("_static") / "mathjax"
+
+
+def mathjax_source() -> Path:
+    """The folder holding ``MathJax.js`` (MathJax 2.7) inside ``jupyter-server-mathjax``."""
+    try:
+        import jupyter_server_mathjax
+    except ImportError as err:  # pragma: no cover - the [book] extra installs it
+        raise RuntimeError(
+            "the site needs a local MathJax from the package jupyter-server-mathjax; "
+            "install the book extra: pip install -e '.[book]'"
+        ) from err
+    static = Path(jupyter_server_mathjax.__file__).parent / "static"
+    if not (static / "MathJax.js").is_file():
+        raise RuntimeError(f"no MathJax.js under {static}; reinstall jupyter-server-mathjax")
+    return static
+
+
+def _sync_file(src: Path, dst: Path) -> None:
+    """Copy src to dst unless an identical file is there (keeps mtimes, so Sphinx rebuilds only what changed)."""
+    if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+_CODE = re.compile(r"(```.*?```|~~~.*?~~~|`[^`\n]*`)", re.DOTALL)
+_INLINE = re.compile(r"\\\((.+?)\\\)", re.DOTALL)
+_DISPLAY = re.compile(r"\\\[(.+?)\\\]", re.DOTALL)
+
+
+def latex_delimiters_to_dollars(markdown: str) -> str:
+    r"""Rewrite ``\(x\)`` as ``$x$`` and ``\[x\]`` as ``$$x$$`` outside code.
+
+    Jupyter typesets both forms in markdown cells, but MyST reads ``\(`` as an escaped
+    parenthesis and would print "(x)". Code spans and fenced blocks are left alone.
+    """
+    parts = _CODE.split(markdown)
+    for i in range(0, len(parts), 2):  # even parts are prose, odd parts are code
+        parts[i] = _DISPLAY.sub(lambda m: f"$${m.group(1)}$$", _INLINE.sub(lambda m: f"${m.group(1)}$", parts[i]))
+    return "".join(parts)
+
+
+def strip_heading_numbers(markdown: str, chapter: int) -> str:
+    """Drop the chapter's own numbers from its headings: Sphinx numbers them on the site.
+
+    In JupyterLab a chapter reads "# Chapter 2 — Online softmax" and "## 2.1 Where ...";
+    on the site these would become "2. Chapter 2 — Online softmax" and "2.1. 2.1 Where ...".
+    Only numbers that belong to this chapter are removed ("## 4 questions" stays).
+    """
+    markdown = re.sub(rf"^#[ \t]+Chapter[ \t]+{chapter}[ \t]*[—–:.-][ \t]*", "# ", markdown, flags=re.M)
+    return re.sub(rf"^(#{{2,6}})[ \t]+{chapter}(?:\.\d+)+\.?[ \t]+", r"\1 ", markdown, flags=re.M)
+
+
+def _stage_notebook(src: Path, dst: Path) -> None:
+    """Copy a notebook for the site, rewriting its markdown cells.
+
+    See latex_delimiters_to_dollars and strip_heading_numbers; the chapter number is the
+    file name's prefix (02_online_softmax.ipynb is chapter 2; 00 is the unnumbered preface).
+    """
+    nb = json.loads(src.read_text(encoding="utf-8"))
+    prefix = re.match(r"(\d+)_", src.name)
+    chapter = int(prefix.group(1)) if prefix else 0
+    changed = False
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "markdown":
+            continue
+        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        new = latex_delimiters_to_dollars(text)
+        if chapter:
+            new = strip_heading_numbers(new, chapter)
+        if new != text:
+            cell["source"], changed = new, True
+    if not changed:
+        _sync_file(src, dst)
+        return
+    text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    if not dst.is_file() or dst.read_text(encoding="utf-8") != text:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text, encoding="utf-8")
+
+
+def _sync_dir(src: Path, dst: Path, pattern: str) -> set[Path]:
+    """Mirror the files of src matching pattern into dst; delete staged files that are gone from src."""
+    wanted = {p.relative_to(src) for p in src.glob(pattern) if p.is_file()} if src.is_dir() else set()
+    wanted = {p for p in wanted if ".ipynb_checkpoints" not in p.parts}
+    for rel in wanted:
+        if rel.suffix == ".ipynb":
+            _stage_notebook(src / rel, dst / rel)
+        else:
+            _sync_file(src / rel, dst / rel)
+    if dst.is_dir():
+        for p in list(dst.glob(pattern)):
+            if p.is_file() and p.relative_to(dst) not in wanted:
+                p.unlink()
+    return wanted
+
+
+def staged_toc(toc: dict, notebooks: list[str], pages: set[str]) -> dict:
+    """Return the table of contents restricted to what exists.
+
+    toc       : the parsed ``book/_toc.yml`` (format jb-book, with parts)
+    notebooks : existing notebooks as TOC paths without suffix, e.g. ``"notebooks/02_online_softmax"``
+    pages     : every existing page (notebooks and prose), same form
+
+    Listed entries whose page does not exist are dropped. An existing notebook that is
+    not listed joins the part of the listed notebook entry just before it in file-name
+    order (the first notebook part if none precedes it). Notebook entries are kept in
+    file-name order within a part; empty parts are dropped.
+    """
+    parts = [dict(part, chapters=list(part.get("chapters", []))) for part in toc["parts"]]
+    listed = sorted(
+        (entry["file"], i)
+        for i, part in enumerate(parts)
+        for entry in part["chapters"]
+        if entry.get("file", "").startswith("notebooks/")
+    )
+    listed_files = {f for f, _ in listed}
+    for nb in notebooks:
+        if nb in listed_files:
+            continue
+        before = [i for f, i in listed if f < nb]
+        target = before[-1] if before else (listed[0][1] if listed else len(parts) - 1)
+        parts[target]["chapters"].append({"file": nb})
+
+    for part in parts:
+        kept = [e for e in part["chapters"] if e.get("file") in pages]
+        others = [e for e in kept if not e["file"].startswith("notebooks/")]
+        nbs = sorted((e for e in kept if e["file"].startswith("notebooks/")), key=lambda e: e["file"])
+        part["chapters"] = nbs + others
+    out = dict(toc)
+    out["parts"] = [p for p in parts if p["chapters"]]
+    return out
+
+
+def stage(out_dir: Path, repo: Path = REPO, notebooks_dir: Path | None = None) -> Path:
+    """Copy the book's sources into out_dir and write the filtered _toc.yml there; return out_dir."""
+    out_dir = Path(out_dir)
+    book = repo / "book"
+    notebooks_dir = Path(notebooks_dir) if notebooks_dir else repo / "notebooks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    for src in book.iterdir():
+        if src.is_file() and src.name != "_toc.yml":
+            _sync_file(src, out_dir / src.name)
+    nbs = _sync_dir(notebooks_dir, out_dir / "notebooks", "*.ipynb")
+    _sync_dir(repo / "figures", out_dir / "figures", "**/*")
+
+    notebooks = sorted(f"notebooks/{p.with_suffix('').as_posix()}" for p in nbs)
+    prose = {p.stem for p in book.glob("*.md")} | {p.stem for p in book.glob("*.ipynb")}
+    toc = yaml.safe_load((book / "_toc.yml").read_text(encoding="utf-8"))
+    toc = staged_toc(toc, notebooks, set(notebooks) | prose)
+    header = "# Generated by flashlab/site.py from book/_toc.yml; do not edit.\n"
+    text = header + yaml.safe_dump(toc, sort_keys=False, allow_unicode=True)
+    toc_path = out_dir / "_toc.yml"
+    if not toc_path.is_file() or toc_path.read_text(encoding="utf-8") != text:
+        toc_path.write_text(text, encoding="utf-8")
+    return out_dir
+
+
+def build_site(
+    out_dir: Path | str = REPO / "build" / "site",
+    notebooks_dir: Path | str | None = None,
+    quiet: bool = True,
+) -> Path:
+    """Stage, render and install MathJax; return the path of the built ``index.html``.
+
+    out_dir       : staging folder; the HTML lands in ``out_dir/_build/html``
+    notebooks_dir : where the chapters are read from (default: the repository's notebooks/)
+    quiet         : pass ``--quiet`` to jupyter-book (warnings are still printed)
+    """
+    out_dir = Path(out_dir).resolve()
+    stage(out_dir, notebooks_dir=notebooks_dir)
+    cmd = [
+        sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+        "build", str(out_dir), "--builder", "html", "--keep-going",
+    ]
+    if quiet:
+        cmd.append("--quiet")
+    result = subprocess.run(cmd, cwd=out_dir)
+    html = out_dir / "_build" / "html"
+    index = html / "index.html"
+    if result.returncode != 0 or not index.is_file():
+        raise RuntimeError(f"jupyter-book build failed (exit {result.returncode}); see the messages above")
+    shutil.copytree(mathjax_source(), html / MATHJAX_DEST, dirs_exist_ok=True)
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashlab.site", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build the site and print the path of index.html")
+    b.add_argument("out_dir", nargs="?", default=str(REPO / "build" / "site"), help="staging folder (default: build/site)")
+    b.add_argument("--notebooks", default=None, help="read the chapters from this folder instead of notebooks/")
+    b.add_argument("--verbose", action="store_true", help="show jupyter-book's full output")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    index = build_site(args.out_dir, notebooks_dir=args.notebooks, quiet=not args.verbose)
+    print(f"built in {time.perf_counter() - start:.1f} s")
+    print(index)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The book's website: every chapter is a numbered page, search and prev/next work,
+nothing is loaded from the network, and the online-softmax equations are typeset.
+
+The site is built once for the module (about 10 s). The math check opens the online-
+softmax chapter in headless Chromium with DNS switched off, so MathJax can only come
+from the local copy, and counts the equations MathJax produced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from flashlab.site import REPO, build_site, latex_delimiters_to_dollars, staged_toc, strip_heading_numbers
+
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+MATH_CHAPTER = "02_online_softmax"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-quic", "--host-resolver-rules=MAP * ~NOTFOUND",  # no name resolves: offline for sure
+    "--virtual-time-budget=15000",
+]
+NETWORK = re.compile(r"^(https?:)?//", re.IGNORECASE)
+
+
+def test_toc_keeps_what_exists_and_adds_new_chapters_in_place():
+    toc = {"format": "jb-book", "root": "intro", "parts": [
+        {"caption": "Preface", "chapters": [{"file": "notebooks/00_preface"}]},
+        {"caption": "Chapters", "numbered": True, "chapters": [
+            {"file": "notebooks/01_naive_attention"}, {"file": "notebooks/03_flash_attention"}]},
+        {"caption": "Beyond", "numbered": True, "chapters": [{"file": "notebooks/09_beyond"}]},
+        {"caption": "Appendices", "chapters": [{"file": "glossary"}]},
+    ]}
+    nbs = ["notebooks/01_naive_attention", "notebooks/03_flashattention_v1", "notebooks/10_paged_kv"]
+    out = staged_toc(toc, nbs, set(nbs) | {"glossary"})
+    files = [[e["file"] for e in p["chapters"]] for p in out["parts"]]
+    assert files == [nbs[:2], nbs[2:], ["glossary"]]  # empty "Preface" dropped; new files placed by name
+    assert out["parts"][0]["numbered"] is True
+
+
+def test_markdown_rewrites_for_the_site():
+    md = "Inline \\(x^2\\) and \\[y\\]; code `\\(kept\\)`; escaped \\$5."
+    assert latex_delimiters_to_dollars(md) == "Inline $x^2$ and $$y$$; code `\\(kept\\)`; escaped \\$5."
+    md = "# Chapter 2 — Online softmax\n## 2.10 Merging\n## 4 questions\n## 1.5 TB/s\n"
+    assert strip_heading_numbers(md, 2) == "# Online softmax\n## Merging\n## 4 questions\n## 1.5 TB/s\n"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """Build the site from the repository's notebooks; return the html folder."""
+    index = build_site(tmp_path_factory.mktemp("site"))
+    return index.parent
+
+
+class _Tags(HTMLParser):
+    """Collect (tag, attributes) of every start tag, and the prose text (outside script, style, pre, code)."""
+
+    NOT_PROSE = ("script", "style", "pre", "code")
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+        if tag in self.NOT_PROSE:
+            self._skip += 1
+
+    def handle_endtag(self, tag):
+        if tag in self.NOT_PROSE and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.text.append(data)
+
+
+def parse(html: str) -> _Tags:
+    p = _Tags()
+    p.feed(html)
+    return p
+
+
+def page(site: Path, stem: str) -> Path:
+    return site / "notebooks" / f"{stem}.html"
+
+
+@pytest.mark.slow
+def test_every_notebook_is_a_page_in_the_navigation(site):
+    assert NOTEBOOKS, "no notebooks in notebooks/"
+    # index.html redirects to the landing page, which carries the navigation sidebar
+    landing = re.search(r'url=([^"\s]+)"', (site / "index.html").read_text(encoding="utf-8"))
+    nav = parse((site / (landing.group(1) if landing else "index.html")).read_text(encoding="utf-8"))
+    linked = {a.get("href", "").split("#")[0] for tag, a in nav.tags if tag == "a"}
+    for nb in NOTEBOOKS:
+        assert page(site, nb.stem).is_file(), f"{nb.name} was not rendered"
+        assert f"notebooks/{nb.stem}.html" in linked, f"{nb.name} is missing from the navigation"
+
+
+@pytest.mark.slow
+def test_chapters_are_numbered_in_file_order(site):
+    numbers = []
+    for nb in NOTEBOOKS:
+        if nb.stem.startswith("00_"):
+            continue  # the preface is not numbered
+        html = page(site, nb.stem).read_text(encoding="utf-8")
+        # the article's title is the <h1> with a permalink (the theme repeats the bare title elsewhere)
+        title = re.search(r'<h1>((?:(?!</h1>).)*?)<a class="headerlink"', html, re.S)
+        assert title, f"{nb.name}: no title"
+        number = re.match(r'<span class="section-number">(\d+)\.\s*</span>', title.group(1))
+        assert number, f"{nb.name}: the chapter title carries no number: {title.group(1)!r}"
+        numbers.append(int(number.group(1)))
+        rest = re.sub(r"<[^>]+>", "", title.group(1)[number.end():]).strip()
+        assert not re.match(r"(Chapter\s+)?\d", rest), f"{nb.name}: numbered twice on the site: {rest!r}"
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers), numbers
+
+
+@pytest.mark.slow
+def test_search_and_prev_next(site):
+    assert (site / "search.html").is_file()
+    index = (site / "searchindex.js").read_text(encoding="utf-8")
+    assert "softmax" in index.lower(), "the search index does not know the word 'softmax'"
+    html = page(site, MATH_CHAPTER).read_text(encoding="utf-8")
+    classes = " ".join(a.get("class", "") for tag, a in parse(html).tags if tag == "a")
+    assert "left-prev" in classes and "right-next" in classes, "no previous/next links on the chapter page"
+
+
+@pytest.mark.slow
+def test_no_page_loads_anything_from_the_network(site):
+    bad = []
+    for path in sorted(site.rglob("*.html")):
+        if "_static" in path.relative_to(site).parts:
+            continue  # MathJax's own test pages, if any
+        for tag, a in parse(path.read_text(encoding="utf-8")).tags:
+            if tag in ("script", "img", "iframe", "source", "audio", "video"):
+                url = a.get("src", "")
+            elif tag == "link" and a.get("rel", "").lower() not in ("canonical", "alternate", "next", "prev", "index", "search"):
+                url = a.get("href", "")
+            else:
+                continue
+            if NETWORK.match(url.strip()):
+                bad.append(f"{path.relative_to(site)}: <{tag}> {url}")
+        if "thebe-launch-button" in path.read_text(encoding="utf-8"):
+            bad.append(f"{path.relative_to(site)}: a thebe launch button (would load thebe from unpkg.com)")
+    for css in sorted((site / "_static").rglob("*.css")):
+        for url in re.findall(r"@import\s+(?:url\()?['\"]?([^'\")\s;]+)", css.read_text(encoding="utf-8", errors="replace")):
+            if NETWORK.match(url):
+                bad.append(f"{css.relative_to(site)}: @import {url}")
+    assert not bad, "pages that would reach the network:\n" + "\n".join(bad)
+
+
+def _chromium() -> str:
+    """Path of a Chromium binary; installs Debian's package (as `make chromium` does) if missing."""
+    names = ("chromium", "chromium-browser", "google-chrome")
+    found = next((shutil.which(n) for n in names if shutil.which(n)), None)
+    if found:
+        return found
+    if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run("apt-get update -qq && apt-get install -y -qq chromium", shell=True,
+                       env=env, capture_output=True, timeout=900)
+        found = shutil.which("chromium")
+    if not found:
+        pytest.skip("headless Chromium is not installed and could not be installed here "
+                    "(run `make chromium`, or install the Debian package chromium)")
+    return found
+
+
+@pytest.mark.slow
+def test_online_softmax_equations_are_typeset_offline(site, tmp_path):
+    target = page(site, MATH_CHAPTER)
+    assert target.is_file(), f"notebooks/{MATH_CHAPTER}.ipynb was not rendered (does it exist?)"
+    static = parse(target.read_text(encoding="utf-8"))
+    equations = sum(
+        1 for tag, a in static.tags
+        if tag in ("span", "div") and "math" in a.get("class", "").split()
+    )
+    assert equations >= 10, f"expected many equations in {MATH_CHAPTER}; the page has {equations}"
+
+    result = subprocess.run(
+        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+         "--dump-dom", target.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    dom = result.stdout
+    assert "</html>" in dom, f"Chromium printed no page (exit {result.returncode}): {result.stderr[-2000:]}"
+
+    typeset = len(re.findall(r'id="MathJax-Element-\d+-Frame"', dom))
+    assert typeset >= equations, f"MathJax typeset {typeset} of {equations} equations"
+    assert 'class="merror"' not in dom and 'class="noError"' not in dom, "MathJax reported a TeX error"
+    text = "".join(parse(dom).text)
+    for raw in ("$$", "\\[", "\\("):
+        assert raw not in text, f"untypeset math ({raw!r}) is left on the page"
