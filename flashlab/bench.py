@@ -38,6 +38,8 @@ __all__ = [
     "time_ms",
     "compare_naive_fused",
     "naive_step_costs",
+    "kernel_suite",
+    "gpu_slug",
     "provenance",
     "main",
 ]
@@ -227,6 +229,77 @@ def naive_step_costs(
     return rows
 
 
+def gpu_slug(name: str | None = None) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': the results folder of a GPU."""
+    name = name if name is not None else torch.cuda.get_device_name(0)
+    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
+KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
+
+
+def _impl(name: str, causal: bool) -> Callable:
+    if name == "flashlab":
+        from .kernels import flash_attention
+
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+    if name == "naive":
+        return lambda q, k, v: naive_attention_torch(q, k, v, causal)
+    if name.startswith("sdpa_"):
+        backend = name.removeprefix("sdpa_")
+        return lambda q, k, v: fused_attention_torch(q, k, v, causal, backend)
+    raise ValueError(f"impl must be one of {KERNEL_IMPLS}; got {name!r}")
+
+
+def kernel_suite(
+    ns: list[int],
+    ds: tuple[int, ...] = (64, 128),
+    *,
+    impls: tuple[str, ...] = KERNEL_IMPLS,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    tokens: int = TOKENS,
+    causals: tuple[bool, ...] = (False, True),
+    progress: bool = True,
+) -> list[dict[str, object]]:
+    """flashlab's kernels beside torch SDPA (flash, cuDNN) and naive PyTorch, in one process.
+
+    Rows have exactly the columns impl, dtype, causal, d, N, B, H, pass, ms, tflops.
+    An implementation that fails at a shape (e.g. out of memory) is reported and skipped."""
+    jobs = [(d, causal, n, impl) for d in ds for causal in causals for n in ns for impl in impls]
+    rows: list[dict[str, object]] = []
+    for i, (d, causal, n, impl) in enumerate(jobs, 1):
+        B, H = max(1, tokens // n), max(1, HEAD_SIZE_TOTAL // d)
+        fwd_flops = attention_flops(n, n, d, causal=causal, batch=B * H)
+        fn = _impl(impl, causal)
+        for pas in ("fwd", "fwdbwd"):
+            try:
+                q, k, v = _qkv(B, H, n, d, dtype, device, grad=(pas == "fwdbwd"))
+                if pas == "fwd":
+                    with torch.no_grad():
+                        ms = time_ms(lambda: fn(q, k, v), device)
+                    flops = fwd_flops
+                else:
+                    do = torch.randn_like(q)
+                    ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do), device)
+                    flops = 3.5 * fwd_flops
+            except (RuntimeError, ValueError) as exc:  # OOM, or a backend that refuses the shape
+                if progress:
+                    print(f"[{i}/{len(jobs)}] {impl} d={d} causal={causal} N={n} {pas}: skipped ({str(exc)[:80]})", flush=True)
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                continue
+            row = {"impl": impl, "dtype": str(dtype).replace("torch.", ""), "causal": causal, "d": d, "N": n,
+                   "B": B, "H": H, "pass": pas, "ms": round(ms, 5), "tflops": round(flops / (ms * 1e-3) / 1e12, 2)}
+            rows.append(row)
+            if progress:
+                print(f"[{i}/{len(jobs)}] {impl:>10} d={d} causal={causal!s:5} N={n:>5} {pas:>6}: {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s", flush=True)
+            del q, k, v
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return rows
+
+
 def ceilings(device: str = "cuda") -> list[dict[str, object]]:
     """The two ceilings of the roofline, measured: a dense bf16 8192^3 matmul (FLOP/s) and a
     large device-to-device copy (bytes read + written per second)."""
@@ -275,8 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     from . import results
 
     parser = argparse.ArgumentParser(prog="python -m flashlab.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(results.RESULTS_DIR), help="folder for STEM.csv + STEM.json")
-    parser.add_argument("--tag", default="h200", help="suffix of the result stems (the GPU's short name)")
+    parser.add_argument("--out", default=str(results.RESULTS_DIR), help="results folder")
+    parser.add_argument("--suite", choices=["all", "kernels", "ch01"], default="all",
+                        help="kernels: flashlab vs SDPA vs naive -> OUT/<gpu-slug>/bench.csv; "
+                             "ch01: naive vs fused, per-step costs, ceilings -> OUT/*_TAG.csv")
+    parser.add_argument("--tag", default="h200", help="suffix of the chapter-1 result stems")
+    parser.add_argument("--ns", type=int, nargs="+", help="sequence lengths (default 512 ... 16384)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -286,23 +363,33 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m flashlab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = provenance(command.strip())
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    ns = [128, 256] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    ns = args.ns or ([128, 256] if args.quick else [512, 1024, 2048, 4096, 8192, 16384])
     tokens = 256 if args.quick else TOKENS
-    backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
-    suites: dict[str, list[dict[str, object]]] = {}
-    suites[f"naive_vs_fused_{args.tag}"] = [
-        row
-        for d in (64, 128)
-        for row in compare_naive_fused(ns, d, device=device, dtype=dtype, backends=backends, passes=("fwd", "fwdbwd"), tokens=tokens)
-    ]
-    suites[f"naive_steps_{args.tag}"] = [
-        row for n in ns for d in (64, 128) for row in naive_step_costs(n, d, device=device, dtype=dtype, tokens=tokens)
-    ]
-    if device == "cuda":
-        suites[f"ceilings_{args.tag}"] = ceilings(device)
-    for stem, rows in suites.items():
-        for path in results.write(stem, rows, meta, args.out):
-            print(path)
+    written: list[Path] = []
+    if args.suite in ("all", "kernels"):
+        impls = KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
+        rows = kernel_suite(ns, impls=impls, device=device, dtype=dtype, tokens=tokens)
+        slug = gpu_slug() if device == "cuda" else "cpu"
+        written += results.write("bench", rows, meta, Path(args.out) / slug)
+    if args.suite in ("all", "ch01"):
+        backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
+        suites: dict[str, list[dict[str, object]]] = {
+            f"naive_vs_fused_{args.tag}": [
+                row
+                for d in (64, 128)
+                for row in compare_naive_fused(ns, d, device=device, dtype=dtype, backends=backends,
+                                               passes=("fwd", "fwdbwd"), tokens=tokens)
+            ],
+            f"naive_steps_{args.tag}": [
+                row for n in ns for d in (64, 128) for row in naive_step_costs(n, d, device=device, dtype=dtype, tokens=tokens)
+            ],
+        }
+        if device == "cuda":
+            suites[f"ceilings_{args.tag}"] = ceilings(device)
+        for stem, rows in suites.items():
+            written += results.write(stem, rows, meta, args.out)
+    for path in written:
+        print(path)
     return 0
 
 

@@ -61,7 +61,7 @@ def test_naive_torch_matches_reference_and_sdpa():
 
 
 def test_quick_bench_on_cpu(tmp_path):
-    assert bench.main(["--quick", "--out", str(tmp_path), "--tag", "cpu"]) == 0
+    assert bench.main(["--quick", "--suite", "ch01", "--out", str(tmp_path), "--tag", "cpu"]) == 0
     rec = results.load("naive_vs_fused_cpu", tmp_path)
     assert {r["backend"] for r in rec.rows} == {"naive", "default"}
     steps = results.load("naive_steps_cpu", tmp_path)
@@ -79,3 +79,15 @@ def test_fused_backend_name_checked():
     q = torch.zeros(1, 1, 2, 2)
     with pytest.raises(ValueError, match="backend must be one of"):
         bench.fused_attention_torch(q, q, q, backend="fast")
+
+
+def test_kernel_suite_columns_on_cpu():
+    rows = bench.kernel_suite([64], ds=(16,), impls=("naive", "sdpa_math"), device="cpu", dtype=torch.float32,
+                              tokens=64, causals=(True,), progress=False)
+    assert list(rows[0]) == ["impl", "dtype", "causal", "d", "N", "B", "H", "pass", "ms", "tflops"]
+    assert {(r["impl"], r["pass"]) for r in rows} == {(i, p) for i in ("naive", "sdpa_math") for p in ("fwd", "fwdbwd")}
+
+
+def test_gpu_slug():
+    assert bench.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert bench.gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"

@@ -1,0 +1,118 @@
+"""Triton FlashAttention-2 kernels with autograd.
+
+    from flashlab.kernels import flash_attention
+    o = flash_attention(q, k, v, causal=True)        # q (B, H, N_q, d), k and v (B, H_kv, N_k, d)
+
+- :mod:`.forward`  — the forward kernel (one program per query block and head)
+- :mod:`.backward` — preprocess D, a dK/dV kernel over key blocks, a dQ kernel over query blocks
+
+On a CPU the same kernels run under Triton's interpreter: set ``TRITON_INTERPRET=1``
+*before* importing this module (the variable is read when the kernels are defined).
+The interpreter is slow and meant for small sizes and for teaching.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._common import INTERPRET, LN2
+from .backward import backward as _backward
+from .forward import forward as _forward
+
+__all__ = ["flash_attention", "FlashAttentionFunction", "INTERPRET", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seq_len, head_dim); got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must have dtype float16, bfloat16 or float32; got {t.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"q and {name} must be on the same device; got q on {q.device}, {name} on {t.device}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"q and {name} must have the same dtype; got q {q.dtype}, {name} {t.dtype}")
+    B, H, _, d = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[3] != d:
+        raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dimension d must be between 1 and {MAX_HEAD_DIM}; got {d}")
+    if k.shape[1] < 1 or H % k.shape[1] != 0:
+        raise ValueError(
+            f"the number of K/V heads must divide the number of query heads (GQA/MQA); got {H} query heads and {k.shape[1]} K/V heads"
+        )
+    if q.device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            f"q is on {q.device}: the Triton kernels need a CUDA GPU, or set TRITON_INTERPRET=1 before "
+            "importing flashlab.kernels to run them on the CPU under Triton's interpreter"
+        )
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
+    return float(scale)
+
+
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """The kernels take any strides except along the head dimension, which must be 1."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """o = softmax(scale * q k^T (+ causal mask)) v, with the FlashAttention-2 backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float):
+        q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+        o, lse2 = _forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.causal, ctx.scale = causal, scale
+        return o, lse2
+
+    @staticmethod
+    def backward(ctx, do, _dlse2):
+        q, k, v, o, lse2 = ctx.saved_tensors
+        dq, dk, dv = _backward(_unit_last_stride(do), q, k, v, o, lse2, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+):
+    """Exact attention by the FlashAttention-2 algorithm, differentiable.
+
+    Parameters
+    ----------
+    q : (B, H, N_q, d) float16, bfloat16 or float32 (fp32 uses IEEE dot products; for teaching)
+    k, v : (B, H_kv, N_k, d), H_kv dividing H (GQA; H_kv = 1 is MQA)
+    causal : mask keys after the query, aligned bottom-right when N_q != N_k
+        (query i sees key j iff j <= i + N_k - N_q); a row that sees no key gives 0.
+    scale : multiplies q k^T; default 1/sqrt(d)
+    return_lse : also return the row log-sum-exp (B, H, N_q), float32, natural log
+
+    Returns
+    -------
+    o : (B, H, N_q, d) in q's dtype, or ``(o, lse)``.
+    """
+    scale = _check(q, k, v, scale)
+    o, lse2 = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
+    if return_lse:
+        return o, lse2 * LN2  # log2 units -> natural log
+    return o

@@ -1,0 +1,40 @@
+"""What the forward and backward kernels share: the interpreter switch, autotune
+configurations, and the block ranges of causal block skipping.
+
+Causal masking is aligned bottom-right (as in flash-attn): query row i may see key j
+iff j <= i + (N_k - N_q). For a query block starting at row m0 the keys split into
+
+    [0, lo)     blocks every row of the block sees entirely   -> no mask needed
+    [lo, hi)    blocks on the diagonal (and the ragged tail)   -> masked
+    [hi, N_k)   blocks no row of the block sees                -> never loaded
+
+which is how the kernels skip the upper triangle.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+
+# Read once, when flashlab.kernels is imported: @triton.jit reads it at decoration time.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+LOG2E = 1.4426950408889634  # 1/ln 2: exp(x) = exp2(x * log2(e))
+LN2 = 0.6931471805599453
+
+
+def configs(candidates: list[tuple[int, int, int, int]], interpret_config: dict) -> list[triton.Config]:
+    """Autotune configurations from (BLOCK_M, BLOCK_N, warps, stages) candidates; under the
+    interpreter a single small one (it would run every config, and timing means nothing there)."""
+    if INTERPRET:
+        return [triton.Config(interpret_config, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in candidates]
+
+
+def prune_by_head_dim(configs_, named_args, **kwargs):
+    """Drop configurations whose tiles are too large for the head dimension: with
+    d = 256 a 128x128 tile pair does not fit in registers and shared memory."""
+    d = named_args["BLOCK_D"]
+    kept = [c for c in configs_ if not (d >= 256 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
+    return kept or configs_

@@ -1,0 +1,283 @@
+"""FlashAttention-2 backward (Dao 2023, Algorithm 2) in Triton: three kernels.
+
+    preprocess   D_i = rowsum(dO_i * O_i)                                     (Alg. 2 line 4)
+    dK, dV       one program per key block j (and K/V head), looping over query blocks i:
+                     P_ij  = exp2(S_ij - L_i)       recomputed from the saved lse  (line 11)
+                     dV_j += P_ij^T dO_i                                            (line 12)
+                     dP_ij = dO_i V_j^T                                             (line 13)
+                     dS_ij = P_ij * (dP_ij - D_i)                                   (line 14)
+                     dK_j += dS_ij^T Q_i * scale                                    (line 16)
+    dQ           one program per query block i, looping over key blocks j:
+                     dQ_i += dS_ij K_j * scale                                      (line 15)
+
+Why two kernels rather than one with atomic adds? The paper's single loop adds each
+dQ_i contribution to HBM with an atomic add; splitting the work into a key-block pass
+(dK, dV) and a query-block pass (dQ) recomputes S and P twice but needs no atomics,
+so results are deterministic and every program writes only its own rows. For GQA,
+the dK/dV program of a K/V head loops over the GROUP query heads that share it, so
+their contributions are summed on chip, again without atomics.
+
+Glossary: D = rowsum(dO * O) (= rowsum(P * dP)); L = lse in log2 units; dS = gradient
+of the scores (打分的梯度).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import INTERPRET, configs, prune_by_head_dim
+
+# (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90. dK/dV programs own BLOCK_N keys and
+# stream BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys.
+_DKDV_CONFIGS = configs(
+    [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)],
+    interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
+)
+_DQ_CONFIGS = configs(
+    [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)],
+    interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
+)
+
+
+@triton.jit
+def _preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_om, stride_od,
+                       stride_dz, stride_dh, stride_dm, stride_dd, H, N_Q,
+                       D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_zh = tl.program_id(1)
+    off_z, off_h = off_zh // H, off_zh % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < D_HEAD)
+    o = tl.load(O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # D_i = rowsum(dO_i * O_i)
+    tl.store(DELTA + off_zh * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
+                offs_n, offs_d, lo, hi, qk_scale, causal_offset,
+                D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Accumulate the contributions of query blocks [lo, hi) of one head to dK_j, dV_j.
+    Works on transposed tiles (keys along rows) so that dK_j, dV_j stay (BLOCK_N, BLOCK_D)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < D_HEAD
+    for start_m in range(lo, hi, BLOCK_M):
+        m = start_m + offs_m  # (BLOCK_M,) query rows
+        if MASKED or BLOCK_D != D_HEAD:
+            row_ok = m < N_Q
+            q_t = tl.load(Q + m[None, :] * stride_qm + offs_d[:, None], mask=row_ok[None, :] & d_ok[:, None], other=0.0)  # Q_i^T
+            do = tl.load(DO + m[:, None] * stride_dm + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        else:
+            q_t = tl.load(Q + m[None, :] * stride_qm + offs_d[:, None])  # (BLOCK_D, BLOCK_M)
+            do = tl.load(DO + m[:, None] * stride_dm + offs_d[None, :])  # (BLOCK_M, BLOCK_D)
+        if MASKED:
+            lse = tl.load(LSE + off_zh * N_Q + m, mask=m < N_Q, other=0.0)
+            delta = tl.load(DELTA + off_zh * N_Q + m, mask=m < N_Q, other=0.0)
+        else:
+            lse = tl.load(LSE + off_zh * N_Q + m)
+            delta = tl.load(DELTA + off_zh * N_Q + m)
+        if UPCAST:
+            q_t = q_t.to(tl.float32)
+            do = do.to(tl.float32)
+        if IEEE:
+            s_t = tl.dot(k, q_t, input_precision="ieee") * qk_scale  # S_ij^T (BLOCK_N, BLOCK_M), log2 units
+        else:
+            s_t = tl.dot(k, q_t) * qk_scale
+        p_t = tl.math.exp2(s_t - lse[None, :])  # P_ij^T = exp2(S_ij - L_i): recomputed (line 11)
+        if MASKED:
+            visible = m[None, :] < N_Q
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= m[None, :] + causal_offset)
+            p_t = tl.where(visible, p_t, 0.0)
+        if IEEE:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")  # dV_j += P_ij^T dO_i (line 12)
+            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # dP_ij^T = V_j dO_i^T (line 13)
+        else:
+            dv = tl.dot(p_t.to(do.dtype), do, dv)
+            dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])  # dS_ij^T = P^T * (dP^T - D_i) (line 14)
+        if IEEE:
+            dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision="ieee")  # dK_j += dS^T Q_i (line 16)
+        else:
+            dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk)
+    return dk, dv
+
+
+@triton.autotune(configs=_DKDV_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE", "GROUP"],
+                 prune_configs_by={"early_config_prune": prune_by_head_dim}, reset_to_zero=[])
+@triton.jit
+def _dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dm,
+    stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
+    H, GROUP, N_Q, N_K, qk_scale, scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_n = tl.program_id(0)
+    off_zhkv = tl.program_id(1)
+    H_KV = H // GROUP
+    off_z, off_hkv = off_zhkv // H_KV, off_zhkv % H_KV
+    causal_offset = N_K - N_Q
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < D_HEAD)
+    k = tl.load(K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    # Query blocks that see this key block: [q_lo, q_mid) on the diagonal (masked),
+    # [q_mid, full_m) entirely (unmasked), [full_m, N_Q) the ragged tail (masked).
+    full_m = (N_Q // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        q_lo = (tl.maximum(start_n * BLOCK_N - causal_offset, 0) // BLOCK_M) * BLOCK_M
+        q_all = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - causal_offset, 0)  # first row that sees the whole block
+        q_mid = tl.minimum(tl.maximum(((q_all + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, q_lo), full_m)
+        q_lo = tl.minimum(q_lo, q_mid)
+    else:
+        q_lo = 0
+        q_mid = 0
+    tail = tl.maximum(full_m, q_mid)
+    for g in range(0, GROUP):  # GQA: the query heads that share this K/V head
+        off_h = off_hkv * GROUP + g
+        off_zh = off_z * H + off_h
+        q_base = Q + off_z * stride_qz + off_h * stride_qh
+        do_base = DO + off_z * stride_dz + off_h * stride_dh
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
+                             offs_n, offs_d, q_lo, q_mid, qk_scale, causal_offset,
+                             D_HEAD, BLOCK_D, BLOCK_M, True, CAUSAL, UPCAST, IEEE)
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
+                             offs_n, offs_d, q_mid, full_m, qk_scale, causal_offset,
+                             D_HEAD, BLOCK_D, BLOCK_M, False, CAUSAL, UPCAST, IEEE)
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
+                             offs_n, offs_d, tail, N_Q, qk_scale, causal_offset,
+                             D_HEAD, BLOCK_D, BLOCK_M, True, CAUSAL, UPCAST, IEEE)
+    dk = dk * scale  # the scale of S = scale * Q K^T, applied once (line 16)
+    tl.store(DK + off_z * stride_dkz + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + off_z * stride_dvz + off_hkv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi, qk_scale, N_K, causal_offset,
+              D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Accumulate the contributions of key blocks [lo, hi) to dQ_i."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < D_HEAD
+    for start_n in range(lo, hi, BLOCK_N):
+        n = start_n + offs_n
+        if MASKED or BLOCK_D != D_HEAD:
+            k_t = tl.load(K + n[None, :] * stride_kn + offs_d[:, None], mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # K_j^T
+            v_t = tl.load(V + n[None, :] * stride_vn + offs_d[:, None], mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # V_j^T
+        else:
+            k_t = tl.load(K + n[None, :] * stride_kn + offs_d[:, None])  # (BLOCK_D, BLOCK_N)
+            v_t = tl.load(V + n[None, :] * stride_vn + offs_d[:, None])
+        if UPCAST:
+            k_t = k_t.to(tl.float32)
+            v_t = v_t.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, k_t, input_precision="ieee") * qk_scale  # S_ij (BLOCK_M, BLOCK_N), log2 units
+            dp = tl.dot(do, v_t, input_precision="ieee")  # dP_ij = dO_i V_j^T (line 13)
+        else:
+            s = tl.dot(q, k_t) * qk_scale
+            dp = tl.dot(do, v_t)
+        p = tl.math.exp2(s - lse[:, None])  # P_ij recomputed (line 11)
+        if MASKED:
+            visible = n[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
+            p = tl.where(visible, p, 0.0)
+        ds = p * (dp - delta[:, None])  # dS_ij = P_ij * (dP_ij - D_i) (line 14)
+        if IEEE:
+            dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision="ieee")  # dQ_i += dS_ij K_j (line 15)
+        else:
+            dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq)
+    return dq
+
+
+@triton.autotune(configs=_DQ_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE"],
+                 prune_configs_by={"early_config_prune": prune_by_head_dim})
+@triton.jit
+def _dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dm, stride_dqz, stride_dqh, stride_dqm,
+    H, GROUP, N_Q, N_K, qk_scale, scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    off_zh = tl.program_id(1)
+    off_z, off_h = off_zh // H, off_zh % H
+    off_hkv = off_h // GROUP
+    causal_offset = N_K - N_Q
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < N_Q
+    mask = row_ok[:, None] & (offs_d[None, :] < D_HEAD)
+    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)
+    lse = tl.load(LSE + off_zh * N_Q + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + off_zh * N_Q + offs_m, mask=row_ok, other=0.0)
+    # a row that saw no key has lse = -inf; its P is 0 everywhere (masked), keep exp2 finite
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_base = K + off_z * stride_kz + off_hkv * stride_kh
+    v_base = V + off_z * stride_vz + off_hkv * stride_vh
+    full_n = (N_K // BLOCK_N) * BLOCK_N
+    if CAUSAL:  # the same block ranges as the forward pass
+        hi = tl.minimum(tl.maximum(start_m * BLOCK_M + BLOCK_M + causal_offset, 0), N_K)
+        lo = tl.minimum((tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N, full_n)
+    else:
+        hi = N_K
+        lo = full_n
+    dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, 0, lo, qk_scale, N_K,
+                   causal_offset, D_HEAD, BLOCK_D, BLOCK_N, False, CAUSAL, UPCAST, IEEE)
+    dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, lo, hi, qk_scale, N_K,
+                   causal_offset, D_HEAD, BLOCK_D, BLOCK_N, True, CAUSAL, UPCAST, IEEE)
+    dq = dq * scale
+    tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mask)
+
+
+def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             lse2: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) from dO. All tensors have a unit stride on the last axis
+    (the caller makes them so). lse2 is the forward's log2-unit log-sum-exp."""
+    Z, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    block_d = max(16, triton.next_power_of_2(D))
+    ieee = q.dtype == torch.float32
+    qk_scale = scale * 1.4426950408889634
+    delta = torch.empty_like(lse2)
+    _preprocess_kernel[(triton.cdiv(N_Q, 64), Z * H)](
+        o, do, delta, *o.stride(), *do.stride(), H, N_Q, D_HEAD=D, BLOCK_D=block_d, BLOCK_M=64
+    )
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _dkdv_kernel[lambda meta: (triton.cdiv(N_K, meta["BLOCK_N"]), Z * H_KV)](
+        q, k, v, do, lse2, delta, dk, dv,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        H, H // H_KV, N_Q, N_K, qk_scale, scale,
+        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee,
+    )
+    _dq_kernel[lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), Z * H)](
+        q, k, v, do, lse2, delta, dq,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
+        H, H // H_KV, N_Q, N_K, qk_scale, scale,
+        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee,
+    )
+    return dq, dk, dv

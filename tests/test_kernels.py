@@ -1,0 +1,176 @@
+"""The Triton kernels against the float64 reference.
+
+Tolerance (DESIGN.md, the rule of the flash-attn test suite): for fp16/bf16 the
+kernel's max error against a float64 reference must be at most twice the error of
+plain PyTorch attention computed in the same low precision, plus 1e-5 — for the
+output and for each gradient. For fp32 (IEEE dot products) the bound is 1e-5
+absolute on unit-variance inputs (the error of a length-N fp32 sum is ~N·2^-24 relative).
+
+On a CPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py) at small
+sizes; on a GPU the same tests run for real, plus full-size and memory tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashlab.kernels import INTERPRET, flash_attention
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
+runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")
+
+
+def torch_attention(q, k, v, causal, scale=None):
+    """Plain attention in q's dtype (the low-precision baseline) with GQA expansion."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s.float(), dim=-1).nan_to_num(0.0).to(q.dtype)  # a row seeing no key -> 0
+    return p @ v
+
+
+def outputs_and_grads(fn, q, k, v, do):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = fn(q, k, v)
+    o.backward(do)
+    return [o.detach(), q.grad, k.grad, v.grad]
+
+
+def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, scale=None, layout=None):
+    g = torch.Generator(device="cpu").manual_seed(N_Q * 1000 + N_K + D)
+    make = lambda *shape: torch.randn(*shape, generator=g).to(DEVICE)  # noqa: E731
+    q, k, v = make(B, H, N_Q, D), make(B, H_KV, N_K, D), make(B, H_KV, N_K, D)
+    do = make(B, H, N_Q, D)
+    if layout == "transposed":  # (B, N, H, d) memory, viewed as (B, H, N, d): non-contiguous
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        assert not q.is_contiguous()
+    ref = outputs_and_grads(lambda *a: torch_attention(*a, causal, scale), q.double(), k.double(), v.double(), do.double())
+    low = [q.to(dtype), k.to(dtype), v.to(dtype)]
+    got = outputs_and_grads(lambda *a: flash_attention(*a, causal=causal, scale=scale), *low, do.to(dtype))
+    if dtype == torch.float32:
+        bounds = [1e-5 * max(1.0, r.abs().max().item()) for r in ref]
+    else:
+        base = outputs_and_grads(lambda *a: torch_attention(*a, causal, scale), *low, do.to(dtype))
+        bounds = [2 * (b.double() - r).abs().max().item() + 1e-5 for b, r in zip(base, ref)]
+    for name, x, r, bound in zip(["o", "dq", "dk", "dv"], got, ref, bounds):
+        assert x.dtype == dtype and x.shape == r.shape
+        err = (x.double() - r).abs().max().item()
+        assert err <= bound, f"{name}: max error {err:.2e} > bound {bound:.2e} ({B=}, {H=}, {H_KV=}, {N_Q=}, {N_K=}, {D=}, {causal=}, {dtype})"
+
+
+# --------------------------------------------------------------- interpreter-sized (run everywhere)
+@runs_somewhere
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_forward_backward_ragged(causal, dtype):
+    check(2, 2, 2, 37, 37, 32, causal, dtype)
+
+
+@runs_somewhere
+@pytest.mark.parametrize("D", [16, 32, 64, 128, 256, 40, 59])
+def test_every_head_dim(D):
+    check(1, 2, 2, 33, 33, D, True, torch.float16)
+
+
+@runs_somewhere
+@pytest.mark.parametrize("n_q, n_k", [(20, 45), (45, 20), (1, 33), (33, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_nq_differs_from_nk(n_q, n_k, causal):
+    """Causal is aligned bottom-right; with N_q > N_k the first rows see no key and give 0."""
+    check(1, 2, 2, n_q, n_k, 32, causal, torch.float32)
+
+
+@runs_somewhere
+@pytest.mark.parametrize("h_kv", [1, 2])
+def test_gqa_and_mqa(h_kv):
+    check(2, 4, h_kv, 40, 40, 32, True, torch.bfloat16)
+
+
+@runs_somewhere
+def test_non_contiguous_and_custom_scale():
+    check(1, 2, 2, 24, 24, 32, False, torch.float32, scale=0.3, layout="transposed")
+
+
+@runs_somewhere
+def test_return_lse_matches_logsumexp():
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 29, 16, generator=g).to(DEVICE) for _ in range(3))
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    s = (q.double() @ k.double().transpose(-2, -1)) / 4.0
+    s = s.masked_fill(~torch.ones(29, 29, dtype=torch.bool, device=DEVICE).tril(), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, exc, words",
+    [
+        ((torch.zeros(2, 4, 8), torch.zeros(2, 4, 8), torch.zeros(2, 4, 8)), {}, ValueError, ["q must be 4-D", "(2, 4, 8)"]),
+        ((torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8, dtype=torch.float16), torch.zeros(1, 2, 4, 8)), {}, TypeError, ["same dtype"]),
+        ((torch.zeros(1, 2, 4, 8, dtype=torch.int32),) * 3, {}, TypeError, ["q must have dtype"]),
+        ((torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4, 4)), {}, ValueError, ["head dimension", "(1, 2, 4, 8)", "(1, 2, 4, 4)"]),
+        ((torch.zeros(1, 3, 4, 8), torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)), {}, ValueError, ["must divide", "3 query heads", "2 K/V heads"]),
+        ((torch.zeros(1, 2, 4, 512),) * 3, {}, ValueError, ["between 1 and 256", "512"]),
+        ((torch.zeros(1, 2, 4, 8),) * 3, {"scale": -1.0}, ValueError, ["scale must be a positive", "-1.0"]),
+        ((torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 4, 8)), {}, ValueError, ["k and v must have the same shape"]),
+        (([[1.0]], torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)), {}, TypeError, ["q must be a torch.Tensor", "list"]),
+    ],
+)
+def test_bad_input(args, kwargs, exc, words):
+    with pytest.raises(exc) as info:
+        flash_attention(*args, **kwargs)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value}"
+
+
+@pytest.mark.skipif(GPU or INTERPRET, reason="only meaningful on a CPU without the interpreter")
+def test_cpu_without_interpreter_is_refused():
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        flash_attention(*(torch.zeros(1, 1, 4, 8),) * 3)
+
+
+# --------------------------------------------------------------- full size, real GPU only
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_full_size(dtype, causal, D):
+    check(2, 8, 8, 2048, 2048, D, causal, dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("D, n_q, n_k, h_kv", [(256, 1000, 1000, 8), (96, 777, 1531, 2), (128, 1531, 777, 1)])
+def test_gpu_odd_shapes(D, n_q, n_k, h_kv):
+    check(1, 8, h_kv, n_q, n_k, D, True, torch.bfloat16)
+
+
+@needs_gpu
+def test_gpu_memory_is_linear_at_128k_tokens():
+    """N = 131072, B = H = 1, d = 128: forward + backward run, and the memory beyond
+    inputs, outputs, gradients and lse is O(N) (an N x N matrix would be 32 GiB in bf16)."""
+    N, D = 131072, 128
+    q, k, v, do = (torch.randn(1, 1, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    o = flash_attention(q, k, v, causal=True)
+    o.backward(do)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    tensor_bytes = N * D * 2  # one (1, 1, N, d) bf16 tensor
+    accounted = 4 * tensor_bytes + N * 4 * 2  # o, dq, dk, dv + lse and D (fp32)
+    extra = peak - accounted
+    print(f"\npeak memory beyond inputs: {peak / 2**20:.1f} MiB; beyond o, grads, lse, D: {extra / 2**20:.1f} MiB")
+    assert extra <= 2 * tensor_bytes, f"extra memory {extra} bytes is not O(N)"
+    assert torch.isfinite(q.grad).all() and torch.isfinite(o).all()
