@@ -23,8 +23,12 @@ __all__ = ["FIGURES", "get", "save", "save_all"]
 FIGURES: dict[str, str] = {
     "fig01_timeline": "timeline:timeline",
     "fig02_memory_pyramid": "memory:memory_pyramid",
+    "fig03_dataflow": "tiling:dataflow",
     "fig04_online_softmax": "online_softmax:online_softmax_example",
+    "fig05_tiling": "tiling:tiling",
     "roofline_h200": "memory:roofline",
+    "io_vs_n": "io:io_vs_n",
+    "io_vs_m": "io:io_vs_m",
 }
 
 

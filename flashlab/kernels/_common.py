@@ -35,6 +35,6 @@ def configs(candidates: list[tuple[int, int, int, int]], interpret_config: dict)
 def prune_by_head_dim(configs_, named_args, **kwargs):
     """Drop configurations whose tiles are too large for the head dimension: with
     d = 256 a 128x128 tile pair does not fit in registers and shared memory."""
-    d = named_args["BLOCK_D"]
+    d = kwargs["BLOCK_D"] if "BLOCK_D" in kwargs else named_args["BLOCK_D"]  # constexprs come in kwargs
     kept = [c for c in configs_ if not (d >= 256 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
     return kept or configs_

@@ -4,8 +4,10 @@ Float64 by default. One module per idea:
 
 - :mod:`.softmax` — softmax, online softmax and its (m, l, o_tilde) state
 - :mod:`.naive`   — standard attention with S and P materialised, and its backward
+- :mod:`.flash1`  — FlashAttention v1 (Algorithm 1 forward, Algorithm 4 backward by recomputation)
 """
 
+from .flash1 import block_sizes, flash1_backward, flash1_block_counts, flash1_flops, flash1_forward
 from .naive import attention, attention_backward, attention_flops, causal_mask, scores
 from .softmax import OnlineSoftmaxState, naive_softmax, online_attention, online_softmax, softmax
 
@@ -20,4 +22,9 @@ __all__ = [
     "online_softmax",
     "online_attention",
     "OnlineSoftmaxState",
+    "block_sizes",
+    "flash1_forward",
+    "flash1_backward",
+    "flash1_block_counts",
+    "flash1_flops",
 ]
