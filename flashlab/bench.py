@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                              "ch01: naive vs fused, per-step costs, ceilings -> OUT/*_TAG.csv")
     parser.add_argument("--tag", default="h200", help="suffix of the chapter-1 result stems")
     parser.add_argument("--ns", type=int, nargs="+", help="sequence lengths (default 512 ... 16384)")
+    parser.add_argument("--ds", type=int, nargs="+", default=[64, 128], help="head dimensions of the kernel suite")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     written: list[Path] = []
     if args.suite in ("all", "kernels"):
         impls = KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
-        rows = kernel_suite(ns, impls=impls, device=device, dtype=dtype, tokens=tokens)
+        rows = kernel_suite(ns, tuple(args.ds), impls=impls, device=device, dtype=dtype, tokens=tokens)
         slug = gpu_slug() if device == "cuda" else "cpu"
         written += results.write("bench", rows, meta, Path(args.out) / slug)
     if args.suite in ("all", "ch01"):

@@ -21,6 +21,10 @@ from flashlab.kernels import INTERPRET, flash_attention
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
+# Under the interpreter (blocks of 16) small N already spans several blocks; on a GPU (blocks of
+# 64-128) the same tests run 8x longer sequences so that they cross blocks too, and so that the
+# max-error statistics the tolerance rule compares are not dominated by a handful of elements.
+SIZE = 1 if INTERPRET else 8
 needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
 runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")
 
@@ -74,13 +78,13 @@ def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, scale=None, layout=None):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_forward_backward_ragged(causal, dtype):
-    check(2, 2, 2, 37, 37, 32, causal, dtype)
+    check(2, 2, 2, 37 * SIZE, 37 * SIZE, 32, causal, dtype)
 
 
 @runs_somewhere
 @pytest.mark.parametrize("D", [16, 32, 64, 128, 256, 40, 59])
 def test_every_head_dim(D):
-    check(1, 2, 2, 33, 33, D, True, torch.float16)
+    check(1, 2, 2, 33 * SIZE, 33 * SIZE, D, True, torch.float16)
 
 
 @runs_somewhere
@@ -88,18 +92,18 @@ def test_every_head_dim(D):
 @pytest.mark.parametrize("causal", [False, True])
 def test_nq_differs_from_nk(n_q, n_k, causal):
     """Causal is aligned bottom-right; with N_q > N_k the first rows see no key and give 0."""
-    check(1, 2, 2, n_q, n_k, 32, causal, torch.float32)
+    check(1, 2, 2, n_q * SIZE, n_k * SIZE, 32, causal, torch.float32)
 
 
 @runs_somewhere
 @pytest.mark.parametrize("h_kv", [1, 2])
 def test_gqa_and_mqa(h_kv):
-    check(2, 4, h_kv, 40, 40, 32, True, torch.bfloat16)
+    check(2, 4, h_kv, 40 * SIZE, 40 * SIZE, 32, True, torch.bfloat16)
 
 
 @runs_somewhere
 def test_non_contiguous_and_custom_scale():
-    check(1, 2, 2, 24, 24, 32, False, torch.float32, scale=0.3, layout="transposed")
+    check(1, 2, 2, 24 * SIZE, 24 * SIZE, 32, False, torch.float32, scale=0.3, layout="transposed")
 
 
 @runs_somewhere

@@ -85,10 +85,10 @@ def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, off_zh, N
             q_t = q_t.to(tl.float32)
             do = do.to(tl.float32)
         if IEEE:
-            s_t = tl.dot(k, q_t, input_precision="ieee") * qk_scale  # S_ij^T (BLOCK_N, BLOCK_M), log2 units
+            qk_t = tl.dot(k, q_t, input_precision="ieee")  # (Q_i K_j^T)^T (BLOCK_N, BLOCK_M)
         else:
-            s_t = tl.dot(k, q_t) * qk_scale
-        p_t = tl.math.exp2(s_t - lse[None, :])  # P_ij^T = exp2(S_ij - L_i): recomputed (line 11)
+            qk_t = tl.dot(k, q_t)
+        p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])  # P_ij^T = exp2(S_ij - L_i): recomputed (line 11)
         if MASKED:
             visible = m[None, :] < N_Q
             if CAUSAL:
@@ -186,12 +186,12 @@ def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d,
             k_t = k_t.to(tl.float32)
             v_t = v_t.to(tl.float32)
         if IEEE:
-            s = tl.dot(q, k_t, input_precision="ieee") * qk_scale  # S_ij (BLOCK_M, BLOCK_N), log2 units
+            qk = tl.dot(q, k_t, input_precision="ieee")  # Q_i K_j^T (BLOCK_M, BLOCK_N)
             dp = tl.dot(do, v_t, input_precision="ieee")  # dP_ij = dO_i V_j^T (line 13)
         else:
-            s = tl.dot(q, k_t) * qk_scale
+            qk = tl.dot(q, k_t)
             dp = tl.dot(do, v_t)
-        p = tl.math.exp2(s - lse[:, None])  # P_ij recomputed (line 11)
+        p = tl.math.exp2(qk * qk_scale - lse[:, None])  # P_ij = exp2(S_ij - L_i) recomputed (line 11)
         if MASKED:
             visible = n[None, :] < N_K
             if CAUSAL:

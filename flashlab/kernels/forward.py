@@ -30,7 +30,7 @@ from ._common import INTERPRET, configs, prune_by_head_dim
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90; autotune picks per shape.
 _CONFIGS = configs(
-    [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4), (128, 32, 4, 4)],
+    [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4)],
     interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
 )
 
@@ -63,20 +63,22 @@ def _attend(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         if IEEE:
-            s = tl.dot(q, k, input_precision="ieee") * qk_scale  # S_ij in log2 units (BLOCK_M, BLOCK_N)
+            qk = tl.dot(q, k, input_precision="ieee")  # Q_i K_j^T (BLOCK_M, BLOCK_N), unscaled
         else:
-            s = tl.dot(q, k) * qk_scale
+            qk = tl.dot(q, k)
         if MASKED:
             visible = n[None, :] < N_K
             if CAUSAL:
                 visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
+            qk = tl.where(visible, qk, float("-inf"))
+        # S_ij = qk * qk_scale in log2 units; the scale is applied inside the max and the
+        # exponent (one fused multiply-add per score) rather than as a separate pass.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # m_new = max(m, rowmax(S_ij))
         m_ref = m_new
         if MASKED:
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
         alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
-        p = tl.math.exp2(s - m_ref[:, None])  # P_ij = exp2(S_ij - m_new)
+        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])  # P_ij = exp2(S_ij - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij)
         acc = acc * alpha[:, None]  # O = alpha O ...
         if IEEE:
