@@ -19,6 +19,9 @@ import triton
 
 # Read once, when flashlab.kernels is imported: @triton.jit reads it at decoration time.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# FLASHLAB_AUTOTUNE=0 keeps only the first candidate of each kernel: no tuning runs (tests and
+# profiling, where tuning would add compile time or extra kernel launches).
+AUTOTUNE = os.environ.get("FLASHLAB_AUTOTUNE", "1") != "0"
 
 LOG2E = 1.4426950408889634  # 1/ln 2: exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
@@ -29,7 +32,8 @@ def configs(candidates: list[tuple[int, int, int, int]], interpret_config: dict)
     interpreter a single small one (it would run every config, and timing means nothing there)."""
     if INTERPRET:
         return [triton.Config(interpret_config, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in candidates]
+    chosen = candidates if AUTOTUNE else candidates[:1]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in chosen]
 
 
 def prune_by_head_dim(configs_, named_args, **kwargs):

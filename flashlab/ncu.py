@@ -1,0 +1,94 @@
+"""HBM bytes of one attention forward + backward, counted by Nsight Compute.
+
+    python -m flashlab.ncu --out results          # on a CUDA machine with ncu
+
+For each implementation and shape, ncu (``--clock-control none``, metrics
+dram__bytes_read.sum and dram__bytes_write.sum) profiles a child process that runs
+one forward + backward inside the NVTX range "attn"; only kernels in that range are
+counted (not the ones that create the inputs). The shape of the FlashAttention
+paper's Fig. 2 (left): GPT-2 medium, batch 64, 16 heads, N = 1024, d = 64, fp16.
+flashlab's kernels run with FLASHLAB_AUTOTUNE=0 (one fixed configuration), so no
+tuning launches are profiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+IMPLS = ("naive", "sdpa_flash", "flashlab")
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+
+
+def workload(impl: str, batch: int, heads: int, n: int, d: int) -> None:
+    """One forward + backward of ``impl`` in fp16 inside the NVTX range "attn"."""
+    import torch
+
+    from .bench import _impl
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, do = (torch.randn(batch, heads, n, d, generator=g).to("cuda", torch.float16) for _ in range(4))
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    fn = _impl(impl, causal=False)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("attn")
+    fn(q, k, v).backward(do)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def measure(impl: str, batch: int, heads: int, n: int, d: int) -> dict[str, object]:
+    """Run ``workload`` under ncu and sum the DRAM bytes over the profiled kernels."""
+    cmd = ["ncu", "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
+           "--nvtx", "--nvtx-include", "attn/", sys.executable, "-m", "flashlab.ncu", "--workload", impl,
+           str(batch), str(heads), str(n), str(d)]
+    env = {**os.environ, "FLASHLAB_AUTOTUNE": "0"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
+    rows = list(csv.reader(io.StringIO(out)))
+    start = next(i for i, r in enumerate(rows) if "Metric Name" in r)
+    header = rows[start]
+    name, value, kernel, ident = (header.index(c) for c in ("Metric Name", "Metric Value", "Kernel Name", "ID"))
+    total = dict.fromkeys(METRICS, 0.0)
+    kernels = set()
+    for r in rows[start + 1:]:
+        if len(r) > value and r[name] in total:
+            total[r[name]] += float(r[value].replace(",", ""))
+            kernels.add((r[ident], r[kernel]))
+    read, write = total[METRICS[0]], total[METRICS[1]]
+    return {"impl": impl, "dtype": "float16", "pass": "fwdbwd", "B": batch, "H": heads, "N": n, "d": d,
+            "read_bytes": int(read), "write_bytes": int(write), "total_bytes": int(read + write), "kernels": len(kernels)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashlab.ncu", description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", nargs=5, metavar=("IMPL", "B", "H", "N", "D"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="results folder (default: the repository's results/)")
+    parser.add_argument("--ns", type=int, nargs="+", default=[1024, 4096], help="sequence lengths; batch = 65536 / N")
+    args = parser.parse_args(argv)
+    if args.workload:
+        impl, *dims = args.workload
+        workload(impl, *(int(x) for x in dims))
+        return 0
+    from . import bench, results
+
+    rows = []
+    for n in args.ns:
+        for impl in IMPLS:
+            row = measure(impl, max(1, 65536 // n), 16, n, 64)
+            rows.append(row)
+            print(row, flush=True)
+    command = "python -m flashlab.ncu " + " ".join(argv if argv is not None else sys.argv[1:])
+    meta = bench.provenance(command.strip())
+    meta["method"] = "ncu --clock-control none --metrics " + ",".join(METRICS) + " --nvtx --nvtx-include attn/"
+    for path in results.write("hbm_bytes_h200", rows, meta, args.out or results.RESULTS_DIR):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
