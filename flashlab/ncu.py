@@ -48,11 +48,14 @@ def measure(impl: str, batch: int, heads: int, n: int, d: int) -> dict[str, obje
            "--nvtx", "--nvtx-include", "attn/", sys.executable, "-m", "flashlab.ncu", "--workload", impl,
            str(batch), str(heads), str(n), str(d)]
     env = {**os.environ, "FLASHLAB_AUTOTUNE": "0"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600).stdout
-    rows = list(csv.reader(io.StringIO(out)))
-    start = next(i for i, r in enumerate(rows) if "Metric Name" in r)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    rows = list(csv.reader(io.StringIO(proc.stdout)))
+    start = next((i for i, r in enumerate(rows) if "Metric Name" in r), None)
+    if start is None:
+        raise RuntimeError(f"ncu reported no kernels for {impl}: {proc.stderr[-500:]}")
     header = rows[start]
-    name, value, kernel, ident = (header.index(c) for c in ("Metric Name", "Metric Value", "Kernel Name", "ID"))
+    name, value, kernel = (header.index(c) for c in ("Metric Name", "Metric Value", "Kernel Name"))
+    ident = header.index("ID") if "ID" in header else kernel
     total = dict.fromkeys(METRICS, 0.0)
     kernels = set()
     for r in rows[start + 1:]:
