@@ -3,9 +3,11 @@
     python -m flashlab.ncu --out results          # on a CUDA machine with ncu
 
 For each implementation and shape, ncu (``--clock-control none``, metrics
-dram__bytes_read.sum and dram__bytes_write.sum) profiles a child process that runs
-one forward + backward inside the NVTX range "attn"; only kernels in that range are
-counted (not the ones that create the inputs). The shape of the FlashAttention
+dram__bytes_read.sum and dram__bytes_write.sum, ``--profile-from-start off``)
+profiles a child process that brackets one forward (or forward + backward) with
+cudaProfilerStart/Stop, so only those kernels are counted, not the ones that create
+the inputs. (An NVTX range would not do: ranges belong to the thread that opens
+them, and autograd launches the backward kernels from a thread of its own.) The shape of the FlashAttention
 paper's Fig. 2 (left): GPT-2 medium, batch 64, 16 heads, N = 1024, d = 64, fp16.
 flashlab's kernels run with FLASHLAB_AUTOTUNE=0 (one fixed configuration), so no
 tuning launches are profiled.
@@ -25,8 +27,9 @@ IMPLS = ("naive", "sdpa_flash", "flashlab")
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 
 
-def workload(impl: str, batch: int, heads: int, n: int, d: int) -> None:
-    """One forward + backward of ``impl`` in fp16 inside the NVTX range "attn"."""
+def workload(impl: str, batch: int, heads: int, n: int, d: int, pas: str = "fwdbwd") -> None:
+    """One forward (``pas="fwd"``) or forward + backward of ``impl`` in fp16, between
+    cudaProfilerStart and cudaProfilerStop."""
     import torch
 
     from .bench import _impl
@@ -36,17 +39,21 @@ def workload(impl: str, batch: int, heads: int, n: int, d: int) -> None:
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     fn = _impl(impl, causal=False)
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("attn")
-    fn(q, k, v).backward(do)
+    torch.cuda.cudart().cudaProfilerStart()
+    if pas == "fwd":
+        with torch.no_grad():
+            fn(q, k, v)
+    else:
+        fn(q, k, v).backward(do)
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    torch.cuda.cudart().cudaProfilerStop()
 
 
-def measure(impl: str, batch: int, heads: int, n: int, d: int) -> dict[str, object]:
+def measure(impl: str, batch: int, heads: int, n: int, d: int, pas: str = "fwdbwd") -> dict[str, object]:
     """Run ``workload`` under ncu and sum the DRAM bytes over the profiled kernels."""
     cmd = ["ncu", "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
-           "--nvtx", "--nvtx-include", "attn/", sys.executable, "-m", "flashlab.ncu", "--workload", impl,
-           str(batch), str(heads), str(n), str(d)]
+           "--profile-from-start", "off", sys.executable, "-m", "flashlab.ncu", "--workload", impl,
+           str(batch), str(heads), str(n), str(d), pas]
     env = {**os.environ, "FLASHLAB_AUTOTUNE": "0"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     rows = list(csv.reader(io.StringIO(proc.stdout)))
@@ -63,31 +70,33 @@ def measure(impl: str, batch: int, heads: int, n: int, d: int) -> dict[str, obje
             total[r[name]] += float(r[value].replace(",", ""))
             kernels.add((r[ident], r[kernel]))
     read, write = total[METRICS[0]], total[METRICS[1]]
-    return {"impl": impl, "dtype": "float16", "pass": "fwdbwd", "B": batch, "H": heads, "N": n, "d": d,
+    return {"impl": impl, "dtype": "float16", "pass": pas, "B": batch, "H": heads, "N": n, "d": d,
             "read_bytes": int(read), "write_bytes": int(write), "total_bytes": int(read + write), "kernels": len(kernels)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab.ncu", description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", nargs=5, metavar=("IMPL", "B", "H", "N", "D"), help=argparse.SUPPRESS)
+    parser.add_argument("--workload", nargs=6, metavar=("IMPL", "B", "H", "N", "D", "PASS"), help=argparse.SUPPRESS)
+    parser.add_argument("--passes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
     parser.add_argument("--out", default=None, help="results folder (default: the repository's results/)")
     parser.add_argument("--ns", type=int, nargs="+", default=[1024, 4096], help="sequence lengths; batch = 65536 / N")
     args = parser.parse_args(argv)
     if args.workload:
-        impl, *dims = args.workload
-        workload(impl, *(int(x) for x in dims))
+        impl, b, h, n, d, pas = args.workload
+        workload(impl, int(b), int(h), int(n), int(d), pas)
         return 0
     from . import bench, results
 
     rows = []
     for n in args.ns:
-        for impl in IMPLS:
-            row = measure(impl, max(1, 65536 // n), 16, n, 64)
-            rows.append(row)
-            print(row, flush=True)
+        for pas in args.passes:
+            for impl in IMPLS:
+                row = measure(impl, max(1, 65536 // n), 16, n, 64, pas)
+                rows.append(row)
+                print(row, flush=True)
     command = "python -m flashlab.ncu " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = bench.provenance(command.strip())
-    meta["method"] = "ncu --clock-control none --metrics " + ",".join(METRICS) + " --nvtx --nvtx-include attn/"
+    meta["method"] = "ncu --clock-control none --metrics " + ",".join(METRICS) + " --profile-from-start off"
     for path in results.write("hbm_bytes_h200", rows, meta, args.out or results.RESULTS_DIR):
         print(path)
     return 0

@@ -11,7 +11,7 @@ from flashlab import bench, results
 
 
 def test_every_recorded_result_has_provenance():
-    stems = sorted(p.stem for p in results.RESULTS_DIR.glob("*.csv"))
+    stems = sorted(str(p.relative_to(results.RESULTS_DIR).with_suffix("")) for p in results.RESULTS_DIR.rglob("*.csv"))
     assert stems, "results/ holds no recorded measurements"
     for stem in stems:
         rec = results.load(stem)
@@ -91,3 +91,16 @@ def test_kernel_suite_columns_on_cpu():
 def test_gpu_slug():
     assert bench.gpu_slug("NVIDIA H200") == "nvidia-h200"
     assert bench.gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+
+
+def test_kernel_bench_columns_and_flops():
+    rec = results.load("nvidia-h200/bench")
+    assert list(rec.rows[0]) == ["impl", "dtype", "causal", "d", "N", "B", "H", "pass", "ms", "tflops"]
+    for row in rec.rows:
+        flops = 4 * row["B"] * row["H"] * row["N"] ** 2 * row["d"] * (0.5 if row["causal"] else 1.0)
+        flops *= 3.5 if row["pass"] == "fwdbwd" else 1.0
+        assert row["tflops"] == pytest.approx(flops / (row["ms"] * 1e-3) / 1e12, rel=1e-3)
+    shapes = {(r["d"], r["causal"], r["N"], r["pass"]) for r in rec.rows}
+    assert len(shapes) == 2 * 2 * 6 * 2  # d x causal x N x pass: a complete run
+    for shape in shapes:
+        assert {r["impl"] for r in rec.rows if (r["d"], r["causal"], r["N"], r["pass"]) == shape} >= {"flashlab", "sdpa_flash", "sdpa_cudnn"}

@@ -27,18 +27,37 @@ LOG2E = 1.4426950408889634  # 1/ln 2: exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
 
 
-def configs(candidates: list[tuple[int, int, int, int]], interpret_config: dict) -> list[triton.Config]:
-    """Autotune configurations from (BLOCK_M, BLOCK_N, warps, stages) candidates; under the
-    interpreter a single small one (it would run every config, and timing means nothing there)."""
+Candidate = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+
+
+def configs(candidates: list[Candidate], wide: list[Candidate], interpret_config: dict) -> list[triton.Config]:
+    """Autotune configurations: ``candidates`` serve head dimensions up to 128, ``wide`` the
+    padded head dimension 256, whose tiles must be smaller to fit shared memory (see
+    :func:`pruner`). Under the interpreter: a single small one (it would run every config,
+    and timing means nothing there). With FLASHLAB_AUTOTUNE=0: the first of each list."""
     if INTERPRET:
         return [triton.Config(interpret_config, num_warps=4, num_stages=1)]
-    chosen = candidates if AUTOTUNE else candidates[:1]
+    chosen = [*candidates, *wide] if AUTOTUNE else [candidates[0], wide[0]]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in chosen]
 
 
-def prune_by_head_dim(configs_, named_args, **kwargs):
-    """Drop configurations whose tiles are too large for the head dimension: with
-    d = 256 a 128x128 tile pair does not fit in registers and shared memory."""
-    d = kwargs["BLOCK_D"] if "BLOCK_D" in kwargs else named_args["BLOCK_D"]  # constexprs come in kwargs
-    kept = [c for c in configs_ if not (d >= 256 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
-    return kept or configs_
+def pruner(wide: list[Candidate]):
+    """An ``early_config_prune`` that keeps the ``wide`` configurations for BLOCK_D = 256
+    and the others for smaller head dimensions."""
+    wide_set = set(wide)
+
+    def prune(configs_, named_args, **kwargs):
+        d = kwargs["BLOCK_D"] if "BLOCK_D" in kwargs else named_args["BLOCK_D"]  # constexprs come in kwargs
+        key = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+        kept = [c for c in configs_ if (key(c) in wide_set) == (d >= 256)]
+        return kept or configs_
+
+    return prune
+
+
+def launch_options(config: Candidate | None) -> dict:
+    """Keyword arguments that launch a kernel with one explicit configuration."""
+    if config is None:
+        return {}
+    bm, bn, w, s = config
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}

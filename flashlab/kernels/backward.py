@@ -27,18 +27,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, configs, prune_by_head_dim
+from ._common import INTERPRET, Candidate, configs, launch_options, pruner
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90. dK/dV programs own BLOCK_N keys and
-# stream BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys.
-_DKDV_CONFIGS = configs(
-    [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)],
-    interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
-)
-_DQ_CONFIGS = configs(
-    [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)],
-    interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
-)
+# stream BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys. The WIDE
+# lists serve d = 256, whose tiles must be smaller to fit shared memory.
+DKDV_CANDIDATES: list[Candidate] = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)]
+DKDV_WIDE_CANDIDATES: list[Candidate] = [(32, 64, 4, 2), (16, 64, 4, 2)]
+DQ_CANDIDATES: list[Candidate] = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)]
+DQ_WIDE_CANDIDATES: list[Candidate] = [(64, 32, 4, 2), (32, 32, 4, 2)]
+_DKDV_CONFIGS = configs(DKDV_CANDIDATES, DKDV_WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16})
+_DQ_CONFIGS = configs(DQ_CANDIDATES, DQ_WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16})
 
 
 @triton.jit
@@ -109,7 +108,7 @@ def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, off_zh, N
 
 
 @triton.autotune(configs=_DKDV_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE", "GROUP"],
-                 prune_configs_by={"early_config_prune": prune_by_head_dim}, reset_to_zero=[])
+                 prune_configs_by={"early_config_prune": pruner(DKDV_WIDE_CANDIDATES)})
 @triton.jit
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -206,7 +205,7 @@ def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d,
 
 
 @triton.autotune(configs=_DQ_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE"],
-                 prune_configs_by={"early_config_prune": prune_by_head_dim})
+                 prune_configs_by={"early_config_prune": pruner(DQ_WIDE_CANDIDATES)})
 @triton.jit
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
@@ -253,9 +252,11 @@ def _dq_kernel(
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-             lse2: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             lse2: torch.Tensor, causal: bool, scale: float,
+             configs_: tuple[Candidate, Candidate] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) from dO. All tensors have a unit stride on the last axis
-    (the caller makes them so). lse2 is the forward's log2-unit log-sum-exp."""
+    (the caller makes them so). lse2 is the forward's log2-unit log-sum-exp.
+    ``configs_`` = (dK/dV config, dQ config) bypasses autotuning (tests use it)."""
     Z, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(D))
@@ -268,16 +269,19 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    _dkdv_kernel[lambda meta: (triton.cdiv(N_K, meta["BLOCK_N"]), Z * H_KV)](
+    dkdv_config, dq_config = configs_ if configs_ is not None else (None, None)
+    dkdv_kernel = _dkdv_kernel if dkdv_config is None else _dkdv_kernel.fn
+    dq_kernel = _dq_kernel if dq_config is None else _dq_kernel.fn
+    dkdv_kernel[lambda meta: (triton.cdiv(N_K, meta["BLOCK_N"]), Z * H_KV)](
         q, k, v, do, lse2, delta, dk, dv,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         H, H // H_KV, N_Q, N_K, qk_scale, scale,
-        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee,
+        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee, **launch_options(dkdv_config),
     )
-    _dq_kernel[lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), Z * H)](
+    dq_kernel[lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), Z * H)](
         q, k, v, do, lse2, delta, dq,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
         H, H // H_KV, N_Q, N_K, qk_scale, scale,
-        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee,
+        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee, **launch_options(dq_config),
     )
     return dq, dk, dv

@@ -26,13 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, configs, prune_by_head_dim
+from ._common import INTERPRET, Candidate, configs, launch_options, pruner
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90; autotune picks per shape.
-_CONFIGS = configs(
-    [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4)],
-    interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
-)
+CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
+                               (128, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4)]
+WIDE_CANDIDATES: list[Candidate] = [(64, 32, 4, 2), (64, 64, 8, 2)]  # d = 256: Q, K, V tiles of 256 columns
+_CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16})
 
 
 @triton.jit
@@ -91,7 +91,8 @@ def _attend(
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE"], prune_configs_by={"early_config_prune": prune_by_head_dim})
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE"],
+                 prune_configs_by={"early_config_prune": pruner(WIDE_CANDIDATES)})
 @triton.jit
 def _forward_kernel(
     Q, K, V, O, LSE,  # O (Z, H, N_Q, d) output; LSE (Z, H, N_Q) fp32, log2 units
@@ -152,8 +153,10 @@ def _forward_kernel(
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+            config: Candidate | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel. q (Z, H, N_q, d), k and v (Z, H_kv, N_k, d), checked by the caller.
+    ``config`` = (BLOCK_M, BLOCK_N, warps, stages) bypasses autotuning (tests use it).
 
     Returns o (Z, H, N_q, d) in q's dtype and lse2 (Z, H, N_q) float32, the row
     log-sum-exp in log2 units (lse2 = lse / ln 2)."""
@@ -163,10 +166,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     lse2 = torch.empty((Z, H, N_Q), device=q.device, dtype=torch.float32)
     block_d = max(16, triton.next_power_of_2(D))
     grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), Z * H)  # noqa: E731
-    _forward_kernel[grid](
+    kernel = _forward_kernel if config is None else _forward_kernel.fn
+    kernel[grid](
         q, k, v, o, lse2,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, H // H_KV, N_Q, N_K, scale * 1.4426950408889634,  # scale * log2(e)
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32,
+        **launch_options(config),
     )
     return o, lse2
