@@ -5,7 +5,9 @@ The book runs at the highest of four tiers the machine offers:
 1. NumPy reference            — everywhere
 2. Triton under the interpreter (TRITON_INTERPRET=1) — CPU, small sizes
 3. Triton on a CUDA GPU       — correctness and timing
-4. Hopper-only paths (FP8 tensor cores, TMA, warp specialisation) — sm_90 and newer
+4. Hopper paths (TMA, warpgroup MMA, warp specialisation, FP8 tensor cores) — compute
+   capability 9.0 exactly (H100, H200). Newer GPUs are not assumed to behave like Hopper
+   (Blackwell replaces warpgroup MMA with tcgen05): they run tier 3.
 
 Nothing here assumes a GPU: every probe fails soft and reports what it found.
 """
@@ -23,7 +25,7 @@ TIERS = {
     1: "NumPy reference (float64, any machine)",
     2: "Triton interpreter on the CPU (small sizes)",
     3: "Triton on a CUDA GPU",
-    4: "Hopper-only paths (sm_90+: FP8 tensor cores, TMA, warp specialisation)",
+    4: "Hopper paths (sm_90: TMA, warpgroup MMA, warp specialisation, FP8 tensor cores)",
 }
 
 
@@ -49,7 +51,7 @@ class Environment:
     @property
     def tier(self) -> int:
         if self.gpus and self.versions.get("triton"):
-            return 4 if self.compute_capability and self.compute_capability >= (9, 0) else 3
+            return 4 if self.compute_capability == (9, 0) else 3
         if self.versions.get("triton") and self.versions.get("torch"):
             return 2
         return 1

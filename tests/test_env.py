@@ -15,3 +15,4 @@ def test_tier_logic():
     gpu = dict(versions={"triton": "3.6", "torch": "2.11"}, gpus=["A100"], **base)
     assert env.Environment(compute_capability=(8, 0), **gpu).tier == 3
     assert env.Environment(compute_capability=(9, 0), **gpu).tier == 4
+    assert env.Environment(compute_capability=(10, 0), **gpu).tier == 3  # Blackwell: no wgmma, not assumed Hopper
