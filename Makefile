@@ -44,7 +44,7 @@ book: $(STAMP)
 
 test: $(STAMP) chromium
 	$(PY) -m pytest tests
-	$(PY) -m pytest --nbval notebooks --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
