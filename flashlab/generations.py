@@ -23,7 +23,17 @@ The headline numbers are the papers' own, as collected in the seed book's chapte
 summaries (§2.4, §3.5, §4.7, §5.8) and its epilogue table. ``utilisation`` is the
 share of the GPU's dense 16-bit tensor-core peak that the paper reports for the
 forward pass, as a (low, high) range; for version 1 it is the figure the
-FlashAttention-2 paper gives for its predecessor.
+FlashAttention-2 paper gives for its predecessor. ``headline_flops`` is the FLOP/s
+a paper's abstract quotes, with the input type it was measured in
+(``headline_dtype``), so that the share can be recomputed against
+:mod:`flashlab.hardware`.
+
+:data:`FA1_GPT2` holds the FlashAttention paper's Fig. 2 (left) measurement of
+GPT-2 medium attention on an A100, the first evidence of the book (preface,
+chapters 1 and 3). Its GFLOPs column does not match the shape the figure states:
+4 x batch x heads x N^2 x d = 275 GFLOP for the forward pass alone, four times the
+66.6 GFLOPs given for forward + backward. The book counts FLOPs from the shape and
+uses the paper's column only as a ratio.
 
 Glossary: bottleneck = the resource that limits speed (瓶颈); utilisation = achieved
 FLOP/s divided by peak FLOP/s (利用率); HBM = the GPU's off-chip memory (高带宽显存).
@@ -35,7 +45,7 @@ from dataclasses import dataclass
 
 from .hardware import GPU, GPUS
 
-__all__ = ["Generation", "GENERATIONS", "get"]
+__all__ = ["Generation", "GENERATIONS", "get", "PaperMeasurement", "FA1_GPT2", "FA1_GPT2_SHAPE", "FA1_GPT2_SOURCE"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,11 @@ class Generation:
     source : where the headline comes from.
     utilisation : (low, high) share of the dense 16-bit tensor peak reported.
     utilisation_source : where ``utilisation`` comes from.
+    utilisation_note : a few words for a figure when ``utilisation`` is not the
+        paper's own claim about itself (version 1: "as FA-2 reports"); else "".
+    headline_flops : FLOP/s quoted in the paper's abstract, or None if it quotes none.
+    headline_dtype : the input type ``headline_flops`` was measured in ("fp16",
+        "bf16"), or None.
     """
 
     number: int
@@ -70,6 +85,9 @@ class Generation:
     source: str
     utilisation: tuple[float, float]
     utilisation_source: str
+    utilisation_note: str = ""
+    headline_flops: float | None = None
+    headline_dtype: str | None = None
 
     @property
     def url(self) -> str:
@@ -106,6 +124,7 @@ GENERATIONS: tuple[Generation, ...] = (
         ),
         utilisation=(0.25, 0.40),
         utilisation_source="FlashAttention-2 paper, §1: FlashAttention reaches only 25-40% of the A100's peak FLOP/s",
+        utilisation_note="as FA-2 reports",
     ),
     Generation(
         number=2,
@@ -136,6 +155,8 @@ GENERATIONS: tuple[Generation, ...] = (
         source="FlashAttention-3 paper, abstract and §4; as quoted in the seed book §4.7",
         utilisation=(0.75, 0.75),
         utilisation_source="FlashAttention-3 paper, abstract: 740 TFLOP/s FP16, 75% utilisation of H100",
+        headline_flops=740e12,
+        headline_dtype="fp16",
     ),
     Generation(
         number=4,
@@ -151,6 +172,8 @@ GENERATIONS: tuple[Generation, ...] = (
         source="FlashAttention-4 paper, abstract; as quoted in the seed book §5.8",
         utilisation=(0.71, 0.71),
         utilisation_source="FlashAttention-4 paper, abstract: 1613 TFLOP/s BF16 on B200, 71% utilisation",
+        headline_flops=1613e12,
+        headline_dtype="bf16",
     ),
 )
 
@@ -161,3 +184,29 @@ def get(number: int) -> Generation:
         if generation.number == number:
             return generation
     raise ValueError(f"number must be one of {[g.number for g in GENERATIONS]}; got {number!r}")
+
+
+@dataclass(frozen=True)
+class PaperMeasurement:
+    """One column of the FlashAttention paper's Fig. 2 (left): one method, forward +
+    backward of GPT-2 medium attention on an A100, in the paper's units.
+
+    ``gflops`` is the paper's GFLOPs entry, kept as printed; it does not match the
+    stated shape (see the module docstring), so use it only as a ratio."""
+
+    method: str
+    gflops: float
+    hbm_gb: float
+    runtime_ms: float
+
+
+FA1_GPT2_SOURCE = (
+    "FlashAttention paper (Dao et al., 2022), Fig. 2 (left): attention of GPT-2 medium "
+    "(sequence length 1024, head dimension 64, 16 heads, batch size 64), forward + backward on an A100; "
+    "as quoted in the seed book §2.4"
+)
+FA1_GPT2_SHAPE: dict[str, int] = {"batch": 64, "heads": 16, "N": 1024, "d": 64}
+FA1_GPT2: dict[str, PaperMeasurement] = {
+    "standard": PaperMeasurement("standard attention", gflops=66.6, hbm_gb=40.3, runtime_ms=41.7),
+    "flash": PaperMeasurement("FlashAttention", gflops=75.2, hbm_gb=4.4, runtime_ms=7.3),
+}

@@ -8,7 +8,8 @@ published directly are *derived* from published ones, and the derivation is show
 Glossary
 --------
 SM      streaming multiprocessor, the GPU's independent "small factory" (流式多处理器)
-SRAM    on-chip memory next to the compute units: shared memory / L1 (片上存储)
+SRAM    on-chip memory next to the compute units: one array per SM, split between the
+        L1 data cache and shared memory (片上存储)
 HBM     high-bandwidth memory, the GPU's large off-chip DRAM (高带宽显存)
 MUFU    multi-function unit that evaluates exp2, log2, rcp, sin... (特殊函数单元)
 ridge   arithmetic intensity (FLOP per byte) above which a kernel is compute-bound (屋脊点)
@@ -18,7 +19,7 @@ All rates are *dense* (no 2:4 sparsity) and in SI units: FLOP/s, bytes/s, bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -51,8 +52,10 @@ class GPU:
     ----------
     name, arch, year : identification; ``year`` is when the part shipped.
     sm_count : number of streaming multiprocessors enabled on the product.
-    sram_per_sm : bytes of on-chip SRAM per SM usable as shared memory (the
-        configurable L1/shared-memory carve-out, at its largest).
+    sram_per_sm : bytes of on-chip SRAM per SM: the combined L1 data cache and
+        shared memory, one array whose split between the two is configurable.
+    smem_max_per_sm : the largest part of ``sram_per_sm`` that can be configured
+        as shared memory (the rest stays L1 cache); 0 if not given.
     hbm_capacity, hbm_bandwidth : bytes and bytes/s of off-chip memory.
     tensor_flops : dense tensor-core FLOP/s by input dtype ("fp16", "bf16",
         "fp8"); a dtype the tensor cores cannot take is absent.
@@ -66,7 +69,8 @@ class GPU:
     tmem_per_sm : bytes of tensor memory per SM (Blackwell only, else 0).
     register_file_per_sm : bytes of registers per SM (64K 32-bit registers on
         every GPU here), the fastest and smallest level; 0 if not given.
-    sram_bandwidth : aggregate SRAM bandwidth in bytes/s.
+    sram_bandwidth : aggregate SRAM (shared-memory read) bandwidth of all SMs
+        together, in bytes/s.
     sources : for each attribute name, where its number comes from.
     """
 
@@ -86,13 +90,19 @@ class GPU:
     tmem_per_sm: int = 0
     sram_bandwidth: float = 0.0
     register_file_per_sm: int = 0
+    smem_max_per_sm: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     # ---- derived quantities -------------------------------------------------
     @property
     def sram_total(self) -> int:
-        """Bytes of SRAM on the whole chip (SMs x SRAM per SM)."""
+        """Bytes of SRAM (L1 + shared memory) on the whole chip (SMs x SRAM per SM)."""
         return self.sm_count * self.sram_per_sm
+
+    @property
+    def smem_max_total(self) -> int:
+        """Bytes of shared memory on the whole chip at the largest carve-out (SMs x smem_max_per_sm)."""
+        return self.sm_count * self.smem_max_per_sm
 
     @property
     def register_total(self) -> int:
@@ -159,9 +169,13 @@ A100 = GPU(
     smem_bytes_per_cycle=128,
     sram_bandwidth=19 * TB,
     register_file_per_sm=256 * KB,
+    smem_max_per_sm=164 * KB,
     sources={
         "sm_count": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs",
-        "sram_per_sm": "FlashAttention paper (Dao et al., 2022) §2.1: 192 KB of on-chip SRAM per SM",
+        "sram_per_sm": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 192 KB of combined L1 data cache "
+        "and shared memory per SM; FlashAttention paper (Dao et al., 2022) §2.1: 192 KB of on-chip SRAM per SM",
+        "smem_max_per_sm": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020) and CUDA C++ Programming Guide, "
+        "compute capability 8.0: shared memory configurable up to 164 KB per SM",
         "hbm_capacity": "NVIDIA A100 datasheet: 40 GB HBM2 (80 GB HBM2e variant); FlashAttention §2.1: 40-80 GB",
         "hbm_bandwidth": "NVIDIA A100 datasheet: 1,555 GB/s (40 GB); FlashAttention §2.1: 1.5-2.0 TB/s",
         "tensor_flops": "NVIDIA A100 datasheet: 312 TFLOPS dense FP16/BF16 tensor; no FP8 tensor cores",
@@ -180,7 +194,7 @@ H100 = GPU(
     arch="Hopper (sm_90)",
     year=2022,
     sm_count=132,
-    sram_per_sm=228 * KB,
+    sram_per_sm=256 * KB,
     hbm_capacity=80 * GB,
     hbm_bandwidth=3.35 * TB,
     tensor_flops={"fp16": 989.4 * TERA, "bf16": 989.4 * TERA, "fp8": 1978.9 * TERA},
@@ -191,9 +205,13 @@ H100 = GPU(
     smem_bytes_per_cycle=128,
     sram_bandwidth=132 * 128 * 1.83e9,
     register_file_per_sm=256 * KB,
+    smem_max_per_sm=228 * KB,
     sources={
         "sm_count": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 132 SMs on H100 SXM5",
-        "sram_per_sm": "H100 whitepaper: up to 228 KB shared memory per SM",
+        "sram_per_sm": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 256 KB of combined L1 data cache "
+        "and shared memory per SM",
+        "smem_max_per_sm": "H100 whitepaper and CUDA C++ Programming Guide, compute capability 9.0: shared memory "
+        "configurable up to 228 KB per SM",
         "hbm_capacity": "NVIDIA H100 datasheet: 80 GB HBM3 (SXM)",
         "hbm_bandwidth": "NVIDIA H100 datasheet: 3.35 TB/s (SXM)",
         "tensor_flops": "NVIDIA H100 datasheet: 989 TFLOPS dense FP16/BF16, 1,979 dense FP8 (half the sparse figures); FlashAttention-3 §1",
@@ -207,35 +225,19 @@ H100 = GPU(
     },
 )
 
-H200 = GPU(
+# The H200 is the H100's GH100 chip with more, faster memory: every per-SM number is the H100's.
+H200 = replace(
+    H100,
     name="H200 SXM",
-    arch="Hopper (sm_90)",
     year=2024,
-    sm_count=132,
-    sram_per_sm=228 * KB,
     hbm_capacity=141 * GB,
     hbm_bandwidth=4.8 * TB,
-    tensor_flops={"fp16": 989.4 * TERA, "bf16": 989.4 * TERA, "fp8": 1978.9 * TERA},
-    fp32_flops=66.9 * TERA,
-    clock_hz=1.83e9,
-    mma_flops_per_cycle=4096,
-    mufu_exp_per_cycle=16,
-    smem_bytes_per_cycle=128,
-    sram_bandwidth=132 * 128 * 1.83e9,
-    register_file_per_sm=256 * KB,
     sources={
-        "sm_count": "NVIDIA H200 datasheet: same GH100 chip as H100 SXM5, 132 SMs",
-        "sram_per_sm": "same SM as H100 (H100 whitepaper): 228 KB shared memory per SM",
+        **{key: "same GH100 chip and SM as H100 SXM5 -- " + text for key, text in H100.sources.items()},
         "hbm_capacity": "NVIDIA H200 datasheet: 141 GB HBM3e",
         "hbm_bandwidth": "NVIDIA H200 datasheet: 4.8 TB/s",
         "tensor_flops": "NVIDIA H200 datasheet: 1,979 TFLOPS FP16/BF16 and 3,958 FP8 with sparsity; dense is half",
         "fp32_flops": "NVIDIA H200 datasheet: 67 TFLOPS FP32",
-        "clock_hz": "derived as for H100: 989.4 TFLOPS / (132 x 4096)",
-        "mma_flops_per_cycle": "same SM as H100: " + _FA4_TABLE,
-        "mufu_exp_per_cycle": "same SM as H100: " + _FA4_TABLE,
-        "smem_bytes_per_cycle": "same SM as H100: " + _FA4_TABLE,
-        "sram_bandwidth": "derived: 132 SMs x 128 B/cycle x 1.83 GHz",
-        "register_file_per_sm": "same SM as H100 (H100 whitepaper): 256 KB register file per SM; " + _REGISTERS,
     },
 )
 
@@ -244,7 +246,7 @@ B200 = GPU(
     arch="Blackwell (sm_100)",
     year=2025,
     sm_count=148,
-    sram_per_sm=228 * KB,
+    sram_per_sm=256 * KB,
     hbm_capacity=192 * GB,
     hbm_bandwidth=8.0 * TB,
     tensor_flops={"fp16": 2250 * TERA, "bf16": 2250 * TERA, "fp8": 4500 * TERA},
@@ -256,9 +258,13 @@ B200 = GPU(
     tmem_per_sm=256 * KB,
     sram_bandwidth=148 * 128 * (2250 * TERA / (148 * 8192)),
     register_file_per_sm=256 * KB,
+    smem_max_per_sm=228 * KB,
     sources={
         "sm_count": "NVIDIA Blackwell architecture technical brief: 148 SMs enabled on B200",
-        "sram_per_sm": "CUDA C++ Programming Guide, compute capability 10.0: 228 KB shared memory per SM",
+        "sram_per_sm": "CUDA C++ Programming Guide, compute capability 10.0 (shared memory section): a unified "
+        "L1 data cache and shared memory of 256 KB per SM",
+        "smem_max_per_sm": "CUDA C++ Programming Guide, compute capability 10.0: shared memory configurable up to "
+        "228 KB per SM",
         "hbm_capacity": "NVIDIA HGX B200 datasheet: 192 GB HBM3e per GPU (180 GB usable in DGX B200)",
         "hbm_bandwidth": "NVIDIA HGX B200 datasheet: 8 TB/s per GPU",
         "tensor_flops": "NVIDIA HGX B200 datasheet: 4.5 PFLOPS FP16/BF16 and 9 PFLOPS FP8 sparse per GPU; dense is half. "
@@ -279,7 +285,7 @@ B300 = GPU(
     arch="Blackwell Ultra (sm_103)",
     year=2025,
     sm_count=160,
-    sram_per_sm=228 * KB,
+    sram_per_sm=256 * KB,
     hbm_capacity=288 * GB,
     hbm_bandwidth=8.0 * TB,
     tensor_flops={"fp16": 2250 * TERA, "bf16": 2250 * TERA, "fp8": 4500 * TERA},
@@ -291,9 +297,13 @@ B300 = GPU(
     tmem_per_sm=256 * KB,
     sram_bandwidth=160 * 128 * (2250 * TERA / (160 * 8192)),
     register_file_per_sm=256 * KB,
+    smem_max_per_sm=228 * KB,
     sources={
         "sm_count": "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (2025): 160 SMs",
-        "sram_per_sm": "same SM design as B200 (CUDA C++ Programming Guide, compute capability 10.x)",
+        "sram_per_sm": "same SM design as B200: CUDA C++ Programming Guide, compute capability 10.x (10.3 for B300): "
+        "a unified L1 data cache and shared memory of 256 KB per SM",
+        "smem_max_per_sm": "same SM design as B200: CUDA C++ Programming Guide, compute capability 10.x: shared "
+        "memory configurable up to 228 KB per SM",
         "hbm_capacity": "NVIDIA HGX B300 datasheet: 288 GB HBM3e per GPU",
         "hbm_bandwidth": "NVIDIA HGX B300 datasheet: 8 TB/s per GPU",
         "tensor_flops": "NVIDIA HGX B300 datasheet: dense FP16/BF16 2.25 PFLOPS, FP8 4.5 PFLOPS per GPU (as B200)",
@@ -336,10 +346,13 @@ def roofline(intensity: float | np.ndarray, peak_flops: float, bandwidth: float)
 
 
 def memory_hierarchy_table(gpu: GPU) -> list[dict[str, object]]:
-    """Rows (level, capacity in bytes, bandwidth in bytes/s, source) from fastest to largest."""
+    """Rows (level, capacity in bytes, bandwidth in bytes/s, source) from fastest to largest.
+
+    The SRAM row counts the whole on-chip L1 + shared-memory array of every SM; a
+    kernel can claim at most ``smem_max_per_sm`` of each SM's part as shared memory."""
     return [
         {
-            "level": "SRAM (shared memory, all SMs)",
+            "level": "SRAM (L1 + shared memory, all SMs)",
             "capacity": gpu.sram_total,
             "bandwidth": gpu.sram_bandwidth,
             "source": gpu.sources["sram_per_sm"] + "; " + gpu.sources["sram_bandwidth"],

@@ -76,3 +76,25 @@ def test_bad_input(call, words):
 
 def test_get_is_case_insensitive():
     assert hw.get("h200") is hw.H200
+
+
+def test_sram_is_l1_plus_shared_and_smem_max_fits_inside():
+    """sram_per_sm is the combined L1 + shared-memory array; smem_max_per_sm the most of it
+    that can be shared memory (A100: 192 and 164 KB; Hopper and Blackwell: 256 and 228 KB)."""
+    kb = hw.KB
+    expected = {"A100": (192, 164), "H100": (256, 228), "H200": (256, 228), "B200": (256, 228), "B300": (256, 228)}
+    for name, (sram, smem) in expected.items():
+        gpu = hw.get(name)
+        assert (gpu.sram_per_sm, gpu.smem_max_per_sm) == (sram * kb, smem * kb), name
+        assert 0 < gpu.smem_max_per_sm < gpu.sram_per_sm
+        assert gpu.smem_max_total == gpu.sm_count * gpu.smem_max_per_sm
+    assert hw.memory_hierarchy_table(hw.H200)[0]["level"].startswith("SRAM (L1 + shared memory")
+
+
+def test_h200_is_h100_with_more_memory():
+    """Same GH100 chip: every per-SM number is the H100's; only HBM differs."""
+    same = ["sm_count", "sram_per_sm", "smem_max_per_sm", "tensor_flops", "clock_hz", "mma_flops_per_cycle",
+            "mufu_exp_per_cycle", "smem_bytes_per_cycle", "register_file_per_sm", "sram_bandwidth"]
+    for name in same:
+        assert getattr(hw.H200, name) == getattr(hw.H100, name), name
+    assert hw.H200.hbm_capacity > hw.H100.hbm_capacity and hw.H200.hbm_bandwidth > hw.H100.hbm_bandwidth

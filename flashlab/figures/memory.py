@@ -1,4 +1,5 @@
-"""Figure 2 (the memory pyramid) and the H200 roofline with naive attention on it.
+"""Figure 2 (the memory pyramid), the H200 roofline with naive attention on it, and
+the recorded naive-versus-fused benchmark.
 
 ``memory_pyramid`` draws the GPU's storage levels, from the registers beside the
 arithmetic units down to the host CPU's DRAM, each with its capacity and its
@@ -7,9 +8,13 @@ H200 from :mod:`flashlab.hardware`. Every level gets faster as it gets smaller.
 
 ``roofline`` draws attainable FLOP/s against arithmetic intensity (FLOP per byte of
 HBM traffic) for the H200, twice: the datasheet's roof and the roof *measured* on
-the lent H200 (``results/ceilings_h200``). On it sit the three steps of naive
+an NVIDIA H200 (``results/ceilings_h200``). On it sit the three steps of naive
 attention and the fused kernels, as measured in ``results/naive_steps_h200`` and
 ``results/naive_vs_fused_h200``.
+
+``naive_vs_fused_h200`` plots the achieved TFLOP/s of naive attention, SDPA flash
+and SDPA cuDNN against N (``results/naive_vs_fused_h200``), one panel per head
+dimension and pass, under the measured matmul ceiling.
 
 Intensities are those of the *fewest* bytes each operation must move: every input
 read once from HBM, every output written once. A kernel that moves more than that
@@ -34,7 +39,7 @@ from matplotlib.patches import Polygon
 from .. import hardware
 from ..results import load
 
-__all__ = ["Level", "pyramid_levels", "memory_pyramid", "roofline", "HOST"]
+__all__ = ["Level", "pyramid_levels", "memory_pyramid", "roofline", "naive_vs_fused_h200", "HOST"]
 
 # Okabe & Ito (2008): blue, sky blue, bluish green, orange, vermillion, reddish purple, yellow
 _BLUE, _SKY, _GREEN, _ORANGE, _VERMILLION, _PURPLE, _YELLOW = (
@@ -77,8 +82,8 @@ def _rate(x: float) -> str:
     return f"{x / 1e12:.3g} TB/s" if x >= 1e12 else f"{x / 1e9:.3g} GB/s"
 
 
-def _per_sm(per_sm: int, gpu: hardware.GPU) -> str:
-    return f"{_size(per_sm * gpu.sm_count)}\n({per_sm // 1024} KB x {gpu.sm_count} SMs)"
+def _per_sm(per_sm: int, gpu: hardware.GPU, note: str = "") -> str:
+    return f"{_size(per_sm * gpu.sm_count)}\n({per_sm // 1024} KB x {gpu.sm_count} SMs){note}"
 
 
 def pyramid_levels(gpu: hardware.GPU) -> list[Level]:
@@ -89,8 +94,9 @@ def pyramid_levels(gpu: hardware.GPU) -> list[Level]:
         levels.append(Level("registers", gpu.register_total, None, _per_sm(gpu.register_file_per_sm, gpu),
                             gpu.source("register_file_per_sm")))
     levels += [
-        Level("SRAM (shared memory)", gpu.sram_total, gpu.sram_bandwidth, _per_sm(gpu.sram_per_sm, gpu),
-              gpu.source("sram_per_sm") + "; " + gpu.source("sram_bandwidth")),
+        Level("SRAM (L1 + shared memory)", gpu.sram_total, gpu.sram_bandwidth,
+              _per_sm(gpu.sram_per_sm, gpu, f"\n≤ {gpu.smem_max_per_sm // 1024} KB/SM as shared"),
+              gpu.source("sram_per_sm") + "; " + gpu.source("smem_max_per_sm") + "; " + gpu.source("sram_bandwidth")),
         Level("HBM (GPU memory)", gpu.hbm_capacity, gpu.hbm_bandwidth, _size(gpu.hbm_capacity),
               gpu.source("hbm_capacity") + "; " + gpu.source("hbm_bandwidth")),
     ]
@@ -190,7 +196,7 @@ def roofline(n: int = 4096, ds: tuple[int, ...] = (64, 128), show_fused: bool = 
               label=f"datasheet roof: {gpu.peak_flops() / 1e12:.0f} TFLOP/s bf16, {gpu.hbm_bandwidth / 1e12:.1f} TB/s")
     ax.loglog(x, hardware.roofline(x, peak_mm, peak_bw) / 1e12, color=_INK, lw=1.6, ls="--",
               label=f"measured roof: {peak_mm / 1e12:.0f} TFLOP/s (8192³ matmul), {peak_bw / 1e12:.2f} TB/s (copy)"
-                    "\n  — results/ceilings_h200, lent H200")
+                    "\n  — results/ceilings_h200, measured on an NVIDIA H200")
     for ridge, ls in ((gpu.ridge_point(), "-"), (peak_mm / peak_bw, "--")):
         ax.axvline(ridge, color="0.6", lw=0.9, ls=ls, zorder=0)
     ax.text(gpu.ridge_point() * 1.06, 2.0, f"ridge {gpu.ridge_point():.0f}", fontsize=8.5, color="0.4", rotation=90)
@@ -225,7 +231,7 @@ def roofline(n: int = 4096, ds: tuple[int, ...] = (64, 128), show_fused: bool = 
     first = ax.legend(handles=roofs, fontsize=8.5, loc="upper left", frameon=False)
     ax.add_artist(first)
     ax.legend(handles=handles, fontsize=8.5, loc="lower right", frameon=True, framealpha=0.95,
-              title="measured on the lent H200", title_fontsize=8.5)
+              title="measured on an NVIDIA H200", title_fontsize=8.5)
 
     (soft,) = steps.where(step="P = softmax(S)", N=n, d=ds[0])
     ax.annotate(f"softmax: {soft['intensity']:.2f} FLOP/B, {soft['tflops']:.1f} TFLOP/s,\n"
@@ -252,4 +258,36 @@ def roofline(n: int = 4096, ds: tuple[int, ...] = (64, 128), show_fused: bool = 
                  f"(results/naive_steps_h200, results/naive_vs_fused_h200)", fontsize=10.5, loc="left")
     ax.grid(True, which="major", color="0.9", lw=0.8)
     ax.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+# ------------------------------------------------------------- naive against fused
+
+_BACKEND_COLOURS = {"naive": _INK, "flash": _PURPLE, "cudnn": _ORANGE}
+
+
+def naive_vs_fused_h200(stem: str = "naive_vs_fused_h200") -> Figure:
+    """Achieved TFLOP/s against N for naive attention, SDPA flash and SDPA cuDNN, as
+    recorded in ``results/STEM``: four panels (d = 64 and 128; forward, and forward +
+    backward), each with the measured bf16 matmul ceiling as a dashed line.
+
+    The FLOP count is the benchmark's: 4 x batch x heads x N^2 x d for the forward
+    pass, 3.5 times that for forward + backward (batch x N = 16384 tokens, 2048/d heads).
+    """
+    runs = load(stem)
+    peak_mm, _ = _measured_ceilings()
+    sizes = sorted(set(runs.column("N")))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True, sharey=True, layout="constrained")
+    for ax, (d, pas) in zip(axes.flat, [(64, "fwd"), (64, "fwdbwd"), (128, "fwd"), (128, "fwdbwd")]):
+        for backend, colour in _BACKEND_COLOURS.items():
+            sel = dict(backend=backend, d=d, **{"pass": pas})
+            ax.plot(runs.column("N", **sel), runs.column("tflops", **sel), "o-", color=colour, label=backend)
+        ax.axhline(peak_mm / 1e12, color="0.5", ls="--", lw=1, label="measured matmul ceiling")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
+        ax.set_title(f"d = {d}, {'forward' if pas == 'fwd' else 'forward + backward'}", fontsize=10)
+    axes[0, 0].set(ylabel="TFLOP/s", ylim=(0, 760))
+    axes[1, 0].set(ylabel="TFLOP/s", xlabel="sequence length N")
+    axes[1, 1].set_xlabel("sequence length N")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncol=4)
     return fig
