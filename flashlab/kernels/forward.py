@@ -7,7 +7,7 @@ One program computes one block of BLOCK_M query rows of one (batch, head):
         m_new = max(m, rowmax(S_ij))                                            (line 9)
         P_ij  = exp2(S_ij - m_new)                                              (line 9)
         l     = exp2(m - m_new) * l + rowsum(P_ij)                              (line 9)
-        O     = exp2(m - m_new) * O + P_ij V_j       unnormalised: no division   (line 9)
+        O     = exp2(m - m_new) * O + P_ij V_j       unnormalised: no division   (line 10)
     O = O / l                                        divide once, at the end    (line 12)
     lse = m + log2(l)                                saved for the backward     (line 13)
 

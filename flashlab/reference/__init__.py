@@ -5,9 +5,11 @@ Float64 by default. One module per idea:
 - :mod:`.softmax` — softmax, online softmax and its (m, l, o_tilde) state
 - :mod:`.naive`   — standard attention with S and P materialised, and its backward
 - :mod:`.flash1`  — FlashAttention v1 (Algorithm 1 forward, Algorithm 4 backward by recomputation)
+- :mod:`.flash2`  — FlashAttention-2 (Q-block outer loop, deferred normalisation, lse; Algorithms 1-2)
 """
 
 from .flash1 import block_sizes, flash1_backward, flash1_block_counts, flash1_flops, flash1_forward
+from .flash2 import flash2_backward, flash2_forward
 from .naive import attention, attention_backward, attention_flops, causal_mask, scores
 from .softmax import OnlineSoftmaxState, naive_softmax, online_attention, online_softmax, softmax
 
@@ -27,4 +29,6 @@ __all__ = [
     "flash1_backward",
     "flash1_block_counts",
     "flash1_flops",
+    "flash2_forward",
+    "flash2_backward",
 ]

@@ -1,0 +1,147 @@
+"""Chapter 5 figures: the warp split inside a program (seed figure 6), SM utilisation
+of the v1 and v2 grids, and flashlab against its peers on an NVIDIA H200.
+
+Everything drawn comes from :mod:`flashlab.sim.occupancy`, :mod:`flashlab.hardware`
+and the recorded results under results/ (:mod:`flashlab.results`). Colours are the
+Okabe-Ito palette of :mod:`.timeline`.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from .. import hardware, results
+from ..sim.occupancy import schedule
+from .timeline import COLOURS
+
+__all__ = ["warp_split", "occupancy_waves", "bench_h200"]
+
+WARP_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7")
+IMPLS = {  # impl column -> (label, colour, marker)
+    "flashlab": ("flashlab (Triton, FA2 algorithm)", "#0072B2", "o"),
+    "sdpa_flash": ("torch SDPA flash", "#D55E00", "s"),
+    "sdpa_cudnn": ("torch SDPA cuDNN", "#009E73", "^"),
+    "naive": ("naive PyTorch (S, P in HBM)", "0.5", "x"),
+}
+
+
+def _matrix(ax, x, y, w, h, label, split=None, n=4, shared=False):
+    """A matrix as a rectangle; ``split`` = "rows" or "cols" colours it by warp."""
+    if split is None:
+        ax.add_patch(Rectangle((x, y), w, h, fc="0.88" if shared else "white", ec="0.2", lw=1.2))
+    for k in range(n if split else 0):
+        if split == "rows":
+            r = Rectangle((x, y + h - (k + 1) * h / n), w, h / n, fc=WARP_COLOURS[k], alpha=0.55, ec="0.2")
+        else:
+            r = Rectangle((x + k * w / n, y), w / n, h, fc=WARP_COLOURS[k], alpha=0.55, ec="0.2")
+        ax.add_patch(r)
+    ax.text(x + w / 2, y + h + 0.12, label, ha="center", va="bottom", fontsize=10)
+
+
+def warp_split(warps: int = 4) -> Figure:
+    """Seed figure 6: how the warps of one program divide a tile.
+
+    (a) split-K (v1): each warp takes a slice of K_j and V_j, all share Q_i; each
+    produces a partial O for every row, summed through shared memory with barriers.
+    (b) split-Q (v2): each warp takes a slice of the rows of Q_i and owns the same rows
+    of O_i; K_j and V_j are shared; no warp needs another's result.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    for ax in axes:
+        ax.set_xlim(0, 10.6)
+        ax.set_ylim(-1.6, 4.75)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    a, b = axes
+    # (a) split-K: Q shared, K^T split by columns, V split by rows, partial O summed
+    _matrix(a, 0.2, 0.5, 1.2, 3.0, "$Q_i$ (shared)", shared=True)
+    _matrix(a, 1.9, 2.3, 3.0, 1.2, "$K_j^T$ split by keys", split="cols", n=warps)
+    _matrix(a, 5.4, 0.5, 1.2, 3.0, "$V_j$ split by keys", split="rows", n=warps)
+    for k in range(warps):
+        a.add_patch(Rectangle((7.5 + 0.18 * k, 0.5 - 0.18 * k), 1.2, 3.0, fc=WARP_COLOURS[k], alpha=0.35, ec="0.2"))
+    a.text(8.4, 3.95, "partial $O_i$,\none per warp", ha="center", va="bottom", fontsize=10)
+    a.add_patch(Rectangle((9.4 - 0.0, -1.4), 1.0, 1.3, fc="white", ec="0.2", lw=1.2))
+    a.text(9.9, -0.75, "$O_i$", ha="center", va="center", fontsize=10)
+    a.add_patch(FancyArrowPatch((8.6, -0.2), (9.4, -0.7), arrowstyle="-|>", mutation_scale=14, color="#D55E00", lw=2))
+    a.text(5.0, -1.0, f"write {warps} partial O, max, sum to shared memory\nbarrier · read · add · barrier",
+           ha="center", va="center", fontsize=9.5, color="#D55E00")
+    a.set_title("(a) split-K (FlashAttention v1): warps exchange partial results", loc="left", fontsize=11)
+    # (b) split-Q: Q split by rows, K^T and V shared, O split by rows
+    _matrix(b, 0.2, 0.5, 1.2, 3.0, "$Q_i$ split by rows", split="rows", n=warps)
+    _matrix(b, 1.9, 2.3, 3.0, 1.2, "$K_j^T$ (shared)", shared=True)
+    _matrix(b, 5.4, 0.5, 1.2, 3.0, "$V_j$ (shared)", shared=True)
+    _matrix(b, 7.3, 0.5, 1.2, 3.0, "$O_i$ split by rows", split="rows", n=warps)
+    b.text(5.0, -1.0, "each warp finishes its own rows:\nno exchange, no extra barrier",
+           ha="center", va="center", fontsize=9.5, color="#009E73")
+    b.set_title("(b) split-Q (FlashAttention-2): warps work alone", loc="left", fontsize=11)
+    for k in range(warps):
+        b.text(9.0, 3.5 - (k + 0.5) * 3.0 / warps, f"warp {k}", va="center", fontsize=9, color=WARP_COLOURS[k])
+    fig.suptitle(f"Inside one program: {warps} warps share a $B_r \\times B_c$ tile "
+                 "(colour = which warp computes that part)", fontsize=12)
+    return fig
+
+
+def occupancy_waves(N: int = 4096, Br: int = 128, max_bh: int = 300) -> Figure:
+    """SM utilisation against batch x heads for the v1 grid (one program per head) and
+    the v2 grid (one per head and query block), on the A100 (108 SMs) and H200 (132).
+
+    Parameters
+    ----------
+    N : sequence length; Br : query rows per block (v2 launches ceil(N / Br) per head).
+    max_bh : largest batch x heads drawn.
+    """
+    fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+    bh = range(1, max_bh + 1)
+    for gpu, style in ((hardware.A100, "-"), (hardware.H200, "--")):
+        for part, colour in (("v1", COLOURS[0]), ("v2", COLOURS[1])):
+            u = [schedule(part, 1, h, N, Br, gpu.sm_count, 1.0).utilisation for h in bh]
+            ax.plot(list(bh), u, style, color=colour, lw=1.6,
+                    label=f"{part} grid, {gpu.name.split()[0]} ({gpu.sm_count} SMs)")
+    ax.axvline(16, color="0.5", lw=0.8, ls=":")
+    ax.text(17, 0.03, "B·H = 16\n(seed's example)", fontsize=8.5, color="0.35")
+    ax.set_xlabel("batch × heads (B·H)")
+    ax.set_ylabel("SM utilisation (busy SM-time / total)")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlim(0, max_bh)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(fontsize=9, loc="lower right")
+    ax.set_title(f"Who has work? N = {N}, B_r = {Br}: v2 launches {-(-N // Br)} programs per head; "
+                 "the saw-teeth are waves (flashlab.sim.occupancy)",
+                 fontsize=10, loc="left")
+    return fig
+
+
+def bench_h200(stem: str = "nvidia-h200/bench", ceiling_stem: str = "ceilings_h200") -> Figure:
+    """TFLOP/s against N for flashlab, SDPA flash, SDPA cuDNN and naive attention, from
+    the recorded H200 runs: panels d in {64, 128} x {forward, forward+backward}; solid
+    lines non-causal, dashed causal; the measured bf16 matmul ceiling as a grey line."""
+    rec = results.load(stem)
+    ceiling = results.load(ceiling_stem).where(ceiling="matmul_bf16_8192")[0]["value"] / 1e12
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.6), sharex=True, sharey=True, layout="constrained")
+    for row, d in enumerate((64, 128)):
+        for col, (pass_, title) in enumerate((("fwd", "forward"), ("fwdbwd", "forward + backward"))):
+            ax = axes[row, col]
+            ax.axhline(ceiling, color="0.4", lw=1)
+            ax.text(rec.rows[0]["N"], ceiling + 12, f"measured bf16 matmul {ceiling:.0f}", fontsize=8, color="0.3")
+            for impl, (label, colour, marker) in IMPLS.items():
+                for causal, ls in ((False, "-"), (True, "--")):
+                    pts = sorted((r["N"], r["tflops"]) for r in rec.where(impl=impl, d=d, causal=causal, **{"pass": pass_}))
+                    if pts:
+                        ax.plot(*zip(*pts), ls, color=colour, marker=marker, ms=4, lw=1.4,
+                                label=label if causal is False else None)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"d = {d}, {title}", fontsize=10.5, loc="left")
+            ax.set_ylim(0, ceiling * 1.12)
+            ax.spines[["top", "right"]].set_visible(False)
+            if row == 1:
+                ax.set_xlabel("sequence length N")
+            if col == 0:
+                ax.set_ylabel("TFLOP/s (bf16)")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncols=4, fontsize=9,
+               title="Attention on the H200, flashlab against its peers (solid: non-causal, dashed: causal)",
+               title_fontsize=10)
+    fig.text(0.01, -0.01, rec.provenance + "\nCeiling: " + results.load(ceiling_stem).provenance,
+             fontsize=7.5, color="0.35", ha="left", va="top", wrap=True)
+    return fig
