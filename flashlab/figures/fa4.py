@@ -1,0 +1,156 @@
+"""Figures 8-10: FlashAttention-4's cycle budget, software exp2 and conditional rescaling.
+
+Figure 8 draws the cycles per 128 x 128 x 128 tile from :mod:`flashlab.cycles`;
+figure 9 the software exp2 pipeline and its error from
+:mod:`flashlab.reference.softexp`; figure 10 the running and reference maxima of a
+row from :mod:`flashlab.reference.rescale`. Colours: Okabe-Ito.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from .. import cycles
+from ..hardware import B200, B300, H100
+from ..reference import rescale, softexp
+from .timeline import COLOURS
+
+__all__ = ["cycles_per_tile", "software_exp2", "conditional_rescaling", "staircase_row"]
+
+BLUE, VERMILLION, GREEN, PURPLE = COLOURS
+ORANGE, SKY, GREY = "#E69F00", "#56B4E9", "0.55"
+
+
+def _bars(ax, groups, series, colours, labels):
+    width = 0.8 / len(series)
+    x = np.arange(len(groups))
+    for i, (values, colour, label) in enumerate(zip(series, colours, labels)):
+        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, color=colour, label=label)
+        ax.bar_label(bars, labels=[f"{v:.0f}" if v else "" for v in values], fontsize=8.5, padding=2)
+    ax.set_xticks(x, groups)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def cycles_per_tile(Br: int = 128, Bc: int = 128, d: int = 128) -> Figure:
+    """Seed figure 8: cycles per tile for H100, B200, B300, forward (MMA vs exp) and
+    backward (MMA vs SMEM, and SMEM with 2-CTA on Blackwell)."""
+    gpus = [H100, B200, B300]
+    fwd = [cycles.forward_tile_cycles(g, Br, Bc, d) for g in gpus]
+    bwd = [cycles.backward_tile_cycles(g, Br, Bc, d) for g in gpus]
+    two = [cycles.backward_tile_cycles(g, Br, Bc, d, two_cta=True)["smem"] if g.tmem_per_sm else 0.0
+           for g in gpus]  # 2-CTA exists only on Blackwell
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    names = [g.name.split()[0] for g in gpus]
+    _bars(a, names, [[f["mma"] for f in fwd], [f["exp"] for f in fwd]], [BLUE, VERMILLION],
+          ["MMA (tensor cores)", "exp (MUFU)"])
+    a.set_title(f"Forward: one {Br}×{Bc}×{d} tile", loc="left")
+    a.set_ylabel("cycles per tile on one SM")
+    a.legend(frameon=False, loc="upper right")
+    _bars(b, names, [[f["mma"] for f in bwd], [f["smem"] for f in bwd], two], [BLUE, GREEN, SKY],
+          ["MMA (5 matmuls)", "SMEM traffic", "SMEM with 2-CTA"])
+    b.set_title("Backward: one tile", loc="left")
+    b.legend(frameon=False, loc="upper right")
+    b.text(0.27, 150, "no 2-CTA\non Hopper", ha="center", va="bottom", fontsize=7.5, color="0.3", rotation=90)
+    for ax in (a, b):
+        ax.set_ylim(0, 1.22 * max(ax.get_ylim()[1], 1))
+    fig.suptitle("The tallest bar is the bottleneck: exp ties MMA on B200, SMEM outruns MMA in the backward",
+                 fontsize=11)
+    return fig
+
+
+def software_exp2(degree: int = 3) -> Figure:
+    """Seed figure 9: the software exp2 pipeline (left) and the relative error of the
+    cubic on [0, 1) beside bf16's relative half-ulp (right)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.3), layout="constrained", width_ratios=[1.1, 1])
+    x = np.float32(-3.3)
+    n, f = softexp.range_reduce(x)
+    p = softexp.horner(f, softexp.FA4_COEFFICIENTS)
+    y = softexp.insert_exponent(p, n)
+    steps = [
+        (f"x = {x:.1f}", "input (log2 units)"),
+        (f"n = floor(x) = {int(n)}\nf = x − n = {float(f):.1f}", "range reduction (Cody–Waite)"),
+        (f"p(f) = 1 + f(c₁ + f(c₂ + f c₃))\n= {float(p):.5f}", "Horner: 3 FMAs"),
+        (f"bits(p) + ({int(n)} << 23)\n= {float(y):.6f}", "write n into the exponent field"),
+    ]
+    a.axis("off")
+    a.set_xlim(0, 1)
+    a.set_ylim(0, 1)
+    ys = np.linspace(0.86, 0.14, len(steps))
+    for i, ((text, label), yy) in enumerate(zip(steps, ys)):
+        a.text(0.36, yy, text, ha="center", va="center", fontsize=10, family="monospace",
+               bbox=dict(boxstyle="round,pad=0.5", fc="white", ec=COLOURS[i], lw=1.5))
+        a.text(0.74, yy, label, ha="left", va="center", fontsize=9, color="0.25")
+        if i + 1 < len(steps):
+            a.annotate("", xy=(0.36, ys[i + 1] + 0.085), xytext=(0.36, yy - 0.085),
+                       arrowprops=dict(arrowstyle="->", color="0.4"))
+    a.set_title(f"Software exp2, step by step (2^−3.3 = {2**-3.3:.6f})", loc="left")
+
+    grid = softexp.fraction_grid(1 << 14)
+    truth = np.exp2(grid.astype(np.float64))
+    cubic = softexp.relative_error(softexp.exp2(grid, coefficients=softexp.FA4_COEFFICIENTS), truth)
+    library = softexp.relative_error(np.exp2(grid), truth)
+    bf16 = softexp.relative_error(softexp.round_to_bf16(np.exp2(grid)), truth)
+    half_ulp = 2.0**-8
+    b.plot(grid, bf16, color=ORANGE, lw=0.6, alpha=0.7, label="library exp2 rounded to bf16")
+    b.plot(grid, cubic, color=BLUE, lw=1.4, label="cubic, fp32")
+    b.plot(grid, np.maximum(library, 1e-10), color=GREEN, lw=0.6, alpha=0.8, label="library exp2, fp32")
+    b.axhline(half_ulp, color=VERMILLION, ls="--", lw=1.2, label="bf16 relative half-ulp 2⁻⁸")
+    b.set_yscale("log")
+    b.set_ylim(1e-10, 3.0)
+    b.set_xlabel("f (the fractional part; the error is the same for every n)")
+    b.set_ylabel("relative error")
+    b.set_title(f"The cubic's worst error is {half_ulp / cubic.max():.0f}× below bf16's rounding step",
+                loc="left")
+    b.legend(frameon=False, loc="upper right", fontsize=8, ncols=2)
+    b.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+def staircase_row(steps: int = 10, rise: float = 1.0, block_size: int = 4, seed: int = 0) -> np.ndarray:
+    """A row whose block maxima rise by ``rise`` (log2 units) in each of ``steps`` blocks.
+
+    The running max changes steps - 1 times; with tau = 8 and rise = 1, only the last
+    block (max 9 above the first) exceeds the reference by more than 8: one rescale.
+    Shape (steps * block_size,); the other entries of each block lie below its max.
+    """
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for j in range(steps):
+        top = j * rise
+        blocks.append(np.r_[top, top - 1.0 - 3.0 * rng.random(block_size - 1)])
+    return np.concatenate(blocks)
+
+
+def conditional_rescaling(threshold: float = 8.0, block_size: int = 4) -> Figure:
+    """Seed figure 10: a row's running max over blocks, and the reference max that moves
+    only when a block exceeds it by more than tau. Rescale events are marked."""
+    row = staircase_row(block_size=block_size)
+    eager = rescale.trace_row(row, 0.0, block_size)
+    lazy = rescale.trace_row(row, threshold, block_size)
+    blocks = np.arange(lazy.block_max.size)
+    edges = np.arange(lazy.block_max.size + 1)  # step plots need one more edge than blocks
+
+    def extend(values: np.ndarray) -> np.ndarray:
+        return np.r_[values, values[-1]]
+    fig, ax = plt.subplots(figsize=(9, 4.3), layout="constrained")
+    ax.plot(blocks, lazy.block_max, "o", color=GREY, ms=5, label="block max")
+    ax.step(edges, extend(eager.running_max), where="post", color=BLUE, lw=2,
+            label=f"running max m (chapter 2): {int(eager.rescaled.sum())} rescales")
+    ax.step(edges, extend(lazy.m_ref), where="post", color=VERMILLION, lw=2.5,
+            label=f"reference m_ref, τ = {threshold:g}: {int(lazy.rescaled.sum())} rescale")
+    ax.fill_between(edges, extend(lazy.m_ref), extend(lazy.m_ref) + threshold, step="post", color=VERMILLION, alpha=0.08,
+                    label="m_ref + τ: no rescale while the block max stays below")
+    ax.plot(blocks[eager.rescaled], eager.running_max[eager.rescaled], "v", color=BLUE, ms=8)
+    ax.plot(blocks[lazy.rescaled], lazy.m_ref[lazy.rescaled], "*", color=VERMILLION, ms=16)
+    ax.set_xlabel("K/V block j")
+    ax.set_ylabel("score (log2 units)")
+    ax.set_xticks(blocks)
+    ax.set_title("Conditional rescaling: move the reference only when the max outgrows it by more than τ",
+                 loc="left", fontsize=11)
+    ax.legend(frameon=False, loc="upper left", fontsize=9)
+    ax.set_ylim(-1.5, 21)
+    ax.set_xlim(-0.3, edges[-1])
+    ax.spines[["top", "right"]].set_visible(False)
+    return fig

@@ -1,0 +1,190 @@
+"""Conditional rescaling: online softmax that moves its reference max only when it must.
+
+Chapter 2's online softmax keeps (m, l, o_tilde) with m the running max, and every
+time a block raises m it rescales l and o_tilde by 2^(m_old - m_new). FlashAttention-4
+(Zadouri et al., 2026, §3.2; seed book §5.4) notices that m only has to be *close to*
+the max: subtracting it exists to stop 2^(s - m) from overflowing. So the state keeps a
+reference max m_ref and moves it only when a block's max exceeds it by more than a
+threshold tau (log2 units; FA4 uses tau = 8, a factor 2^8 = 256):
+
+    m_blk = max_k s_k                                   (block max, log2 units)
+    if m_blk - m_ref > tau:                             (rare)
+        m_new = max(m_ref, m_blk); alpha = 2^(m_ref - m_new)
+        l <- alpha l,  o_tilde <- alpha o_tilde,  m_ref <- m_new      (rescale)
+    p_k = 2^(s_k - m_ref)            <= 2^tau                           (bounded)
+    l <- l + sum_k p_k,   o_tilde <- o_tilde + sum_k p_k v_k
+    o = o_tilde / l                                                     (exact)
+
+Exact for any m_ref: l = 2^(-m_ref) sum_k 2^(s_k) and o_tilde = 2^(-m_ref) sum_k 2^(s_k) v_k
+carry the same factor 2^(-m_ref), which cancels in o_tilde / l. The threshold only
+bounds the intermediates: every p_k <= 2^tau, far from float32 overflow.
+
+Counting convention (same as chapter 2's count_rescales): the first block that holds
+a finite score sets m_ref without any rescale (the state was empty); a rescale is a
+later block that moves m_ref. With tau = 0 the count equals the number of times the
+running max rises.
+
+Glossary: m_ref = reference max (参考最大值); tau = threshold (阈值); alpha = rescale
+factor (缩放因子); l = running sum (分母); o_tilde = unnormalised output (未归一化输出).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._validate import as_float_array, positive_int
+from .naive import _check_qkv, _scale, causal_mask
+
+__all__ = ["attention", "conditional_attention", "ConditionalResult", "RowTrace", "trace_row",
+           "rescales", "running_max_changes", "LOG2_E"]
+
+LOG2_E = 1.0 / math.log(2.0)  # log2(e): e^s = 2^(s * log2 e)
+
+
+def _threshold(threshold: object) -> float:
+    try:
+        tau = float(threshold)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"threshold must be a number >= 0 (log2 units); got {threshold!r}") from exc
+    if math.isnan(tau) or tau < 0:
+        raise ValueError(f"threshold must be a number >= 0 (log2 units); got {threshold!r}")
+    return tau
+
+
+@dataclass(frozen=True)
+class RowTrace:
+    """What happens to one row, block by block (T blocks).
+
+    block_max : (T,)   max of each block
+    running_max : (T,) max of all blocks so far (what chapter 2's m follows)
+    m_ref : (T,)       reference max after each block (what FA4's state holds)
+    rescaled : (T,)    True where the block moved m_ref after the first finite block
+    """
+
+    block_max: np.ndarray
+    running_max: np.ndarray
+    m_ref: np.ndarray
+    rescaled: np.ndarray
+
+
+def trace_row(row, threshold: float = 8.0, block_size: int = 1) -> RowTrace:
+    """Follow the running max and the reference max of a 1-D row read in blocks.
+
+    Parameters
+    ----------
+    row : array (N,) of scores in log2 units; -inf marks a masked score
+    threshold : tau >= 0, in log2 units
+    block_size : entries per block (the last block may be shorter)
+    """
+    row = as_float_array("row", row, np.float64, min_ndim=1, allow_neg_inf=True)
+    if row.ndim != 1:
+        raise ValueError(f"row must be 1-D (N,); got shape {row.shape}")
+    tau, B = _threshold(threshold), positive_int("block_size", block_size)
+    block_max = np.array([np.max(row[j:j + B]) for j in range(0, row.size, B)])  # (T,)
+    running_max = np.maximum.accumulate(block_max)  # (T,)
+    m_ref = np.empty_like(block_max)
+    rescaled = np.zeros(block_max.shape, dtype=bool)
+    m = -np.inf
+    for j, mb in enumerate(block_max):
+        if m == -np.inf:
+            m = mb  # first finite block sets m_ref: nothing to rescale
+        elif mb - m > tau:
+            m, rescaled[j] = mb, True  # the rule of §5.4
+        m_ref[j] = m
+    return RowTrace(block_max, running_max, m_ref, rescaled)
+
+
+def running_max_changes(row, block_size: int = 1) -> int:
+    """Blocks after the first finite one that raise the running max (chapter 2's rescale count)."""
+    return rescales(row, 0.0, block_size)
+
+
+def rescales(row, threshold: float = 8.0, block_size: int = 1) -> int:
+    """Number of rescales of a 1-D row under conditional rescaling with threshold tau."""
+    return int(np.sum(trace_row(row, threshold, block_size).rescaled))
+
+
+@dataclass(frozen=True)
+class ConditionalResult:
+    """Output of :func:`conditional_attention`.
+
+    o : (..., N_q, d_v)       attention output
+    rescales : (..., N_q)     rescales per query row (int)
+    m_ref : (..., N_q)        final reference max, log2 units (-inf for a fully masked row)
+    l : (..., N_q)            final sum of 2^(s - m_ref)
+    max_p : float             largest 2^(s - m_ref) ever formed; <= 2^threshold
+    """
+
+    o: np.ndarray
+    rescales: np.ndarray
+    m_ref: np.ndarray
+    l: np.ndarray
+    max_p: float
+
+
+def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,
+                          scale: float | None = None, dtype=np.float64) -> ConditionalResult:
+    """Attention by online softmax over K/V blocks with conditional rescaling (FA4 §3.2).
+
+    Parameters
+    ----------
+    q : (..., N_q, d);  k : (..., N_k, d);  v : (..., N_k, d_v)
+    threshold : tau >= 0 in log2 units; m_ref moves only when a block max exceeds it by > tau
+    block_size : B_c, keys per block
+    causal, scale : as in :func:`flashlab.reference.attention`
+    dtype : floating type of the computation (float64 by default)
+    """
+    q, k, v = _check_qkv(q, k, v, dtype)
+    tau, Bc = _threshold(threshold), positive_int("block_size", block_size)
+    N_q, N_k = q.shape[-2], k.shape[-2]
+    s2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2_E)  # (..., N_q, N_k) log2 units
+    if causal:
+        s2 = np.where(causal_mask(N_q, N_k), s2, -np.inf)
+    rows = s2.shape[:-1]  # (..., N_q)
+    m_ref = np.full(rows, -np.inf, dtype=dtype)
+    l = np.zeros(rows, dtype=dtype)
+    o_tilde = np.zeros(rows + (v.shape[-1],), dtype=dtype)  # (..., N_q, d_v)
+    count = np.zeros(rows, dtype=np.int64)
+    max_p = 0.0
+    for j in range(0, N_k, Bc):
+        s_blk = s2[..., j:j + Bc]  # (..., N_q, Bc)
+        m_blk = np.max(s_blk, axis=-1)  # (..., N_q)
+        empty = m_ref == -np.inf  # nothing seen yet (or only masked scores)
+        m_ref0 = np.where(empty, 0.0, m_ref)  # finite stand-in, so -inf - -inf never occurs
+        move = empty | (m_blk - m_ref0 > tau)  # rows whose reference must move
+        count += move & ~empty  # moving an empty state is not a rescale
+        m_new = np.where(move, np.maximum(m_ref, m_blk), m_ref)
+        alpha = np.where(empty, 0.0, np.exp2(m_ref0 - np.where(empty, 0.0, m_new)))  # 2^(m_ref - m_new)
+        l, o_tilde = alpha * l, alpha[..., None] * o_tilde  # rescale (rows that did not move: alpha = 1)
+        m_ref = m_new
+        safe = np.where(m_ref == -np.inf, 0.0, m_ref)[..., None]  # all-masked rows: 2^(-inf) = 0
+        p = np.exp2(s_blk - safe)  # (..., N_q, Bc), each <= 2^tau
+        if p.size:
+            max_p = max(max_p, float(np.max(p)))
+        l = l + np.sum(p, axis=-1)
+        o_tilde = o_tilde + p @ v[..., j:j + Bc, :]  # (..., N_q, d_v)
+    o = np.where(l[..., None] > 0, o_tilde / np.where(l > 0, l, 1.0)[..., None], 0.0)  # o = o_tilde / l
+    return ConditionalResult(o, count, m_ref, l, max_p)
+
+
+def attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,
+              scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact attention with FA4's conditional rescaling; returns (o, number_of_rescales).
+
+    Parameters
+    ----------
+    q : (..., N_q, d);  k : (..., N_k, d);  v : (..., N_k, d_v)
+    threshold : tau >= 0 (log2 units); FA4 uses 8
+    block_size : B_c, keys per K/V block
+    causal, scale : as in :func:`flashlab.reference.attention`
+
+    Returns
+    -------
+    o : (..., N_q, d_v), equal to softmax(q k^T scale) v
+    number_of_rescales : int array (..., N_q), rescales per query row (sum it for a total)
+    """
+    res = conditional_attention(q, k, v, threshold, block_size, causal, scale)
+    return res.o, res.rescales
