@@ -27,8 +27,18 @@ FIGURES: dict[str, str] = {
     "fig04_online_softmax": "online_softmax:online_softmax_example",
     "fig05_tiling": "tiling:tiling",
     "roofline_h200": "memory:roofline",
+    "naive_vs_fused_h200": "memory:naive_vs_fused_h200",
     "io_vs_n": "io:io_vs_n",
     "io_vs_m": "io:io_vs_m",
+    "fig06_warp_split": "fa2:warp_split",
+    "occupancy_waves": "fa2:occupancy_waves",
+    "flashlab_vs_peers_h200": "fa2:bench_h200",
+    "fig08_cycles_per_tile": "fa4:cycles_per_tile",
+    "fig09_software_exp2": "fa4:software_exp2",
+    "fig10_conditional_rescaling": "fa4:conditional_rescaling",
+    "fig07_pingpong": "fa3:pingpong",
+    "schedules_utilisation": "fa3:schedules_utilisation",
+    "fp8_incoherent": "fa3:fp8_incoherent",
 }
 
 
