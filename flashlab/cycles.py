@@ -118,19 +118,10 @@ def _tile(Br: int, Bc: int, d: int) -> tuple[int, int, int]:
     return positive_int("Br", Br), positive_int("Bc", Bc), positive_int("d", d)
 
 
-def forward_tile_cycles(gpu: GPU, Br: int = 128, Bc: int = 128, d: int = 128) -> dict[str, float]:
-    """Cycles per forward tile on one SM: MMA, exp (MUFU) and SMEM.
-
-    Returns
-    -------
-    dict with "mma", "exp", "smem" (cycles), "flops", "exps", "smem_bytes" and
-    "bound" (the name of the slowest unit; "mma" on a tie).
-    """
-    Br, Bc, d = _tile(Br, Bc, d)
-    mm = forward_matmuls(Br, Bc, d)
-    flops = sum(m.flops for m in mm)  # 2 matmuls x 2 Br Bc d
-    exps = Br * Bc  # one exp2 per score
-    smem_bytes = sum(m.smem_bytes() for m in mm)
+def _cycles(gpu: GPU, matmuls, exps: int, two_cta: bool) -> dict[str, float]:
+    """Cycles of each unit for one tile: work divided by the unit's per-SM per-cycle rate."""
+    flops = sum(m.flops for m in matmuls)
+    smem_bytes = sum(m.smem_bytes(two_cta) for m in matmuls)
     out = {
         "mma": flops / gpu.mma_flops_per_cycle,
         "exp": exps / gpu.mufu_exp_per_cycle,
@@ -141,6 +132,19 @@ def forward_tile_cycles(gpu: GPU, Br: int = 128, Bc: int = 128, d: int = 128) ->
     }
     out["bound"] = max(("mma", "exp", "smem"), key=lambda u: out[u])
     return out
+
+
+def forward_tile_cycles(gpu: GPU, Br: int = 128, Bc: int = 128, d: int = 128) -> dict[str, float]:
+    """Cycles per forward tile on one SM: MMA, exp (MUFU) and SMEM.
+
+    Returns
+    -------
+    dict with "mma", "exp", "smem" (cycles), "flops", "exps", "smem_bytes" and
+    "bound" (the name of the slowest unit; "mma" on a tie).
+    """
+    Br, Bc, d = _tile(Br, Bc, d)
+    # 2 matmuls x 2 Br Bc d FLOPs; one exp2 per score
+    return _cycles(gpu, forward_matmuls(Br, Bc, d), exps=Br * Bc, two_cta=False)
 
 
 def backward_tile_cycles(gpu: GPU, Br: int = 128, Bc: int = 128, d: int = 128,
@@ -158,20 +162,8 @@ def backward_tile_cycles(gpu: GPU, Br: int = 128, Bc: int = 128, d: int = 128,
     Br, Bc, d = _tile(Br, Bc, d)
     if two_cta and gpu.tmem_per_sm == 0:
         raise ValueError(f"two_cta needs a Blackwell GPU (tmem_per_sm > 0); got {gpu.name} with tmem_per_sm=0")
-    mm = backward_matmuls(Br, Bc, d)
-    flops = sum(m.flops for m in mm)  # 5 matmuls x 2 Br Bc d
-    exps = Br * Bc  # P = exp2(S - LSE) recomputed
-    smem_bytes = sum(m.smem_bytes(two_cta) for m in mm)
-    out = {
-        "mma": flops / gpu.mma_flops_per_cycle,
-        "exp": exps / gpu.mufu_exp_per_cycle,
-        "smem": smem_bytes / gpu.smem_bytes_per_cycle,
-        "flops": flops,
-        "exps": exps,
-        "smem_bytes": smem_bytes,
-    }
-    out["bound"] = max(("mma", "exp", "smem"), key=lambda u: out[u])
-    return out
+    # 5 matmuls x 2 Br Bc d FLOPs; P = exp2(S - LSE) recomputed, one exp2 per score
+    return _cycles(gpu, backward_matmuls(Br, Bc, d), exps=Br * Bc, two_cta=two_cta)
 
 
 def exp_split_cycles(gpu: GPU, fraction: float, Br: int = 128, Bc: int = 128,

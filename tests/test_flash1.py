@@ -17,6 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import strategies
+
 from flashlab.reference import (
     attention,
     attention_backward,
@@ -35,16 +37,9 @@ TOL = 1e-10
 def problems(draw, max_n=13, max_d=6):
     """(q, k, v, sram_size): leading batch dims, N_q != N_k, ragged last blocks, and M from
     the minimum 4d (blocks of one row) to huge (one K/V block)."""
-    lead = draw(st.sampled_from([(), (2,), (2, 3)]))
-    n_q, n_k = draw(st.integers(1, max_n)), draw(st.integers(1, max_n))
-    d, d_v = draw(st.integers(1, max_d)), draw(st.integers(1, max_d))
+    q, k, v, _ = draw(strategies.qkv(max_n, max_d))
+    d = q.shape[-1]
     sram_size = draw(st.one_of(st.integers(4 * d, 4 * d * 5), st.just(4 * d), st.just(10**6)))
-    seed = draw(st.integers(0, 2**32 - 1))
-    spread = draw(st.sampled_from([0.1, 1.0, 10.0]))
-    rng = np.random.default_rng(seed)
-    q = rng.normal(scale=spread, size=lead + (n_q, d))
-    k = rng.normal(scale=spread, size=lead + (n_k, d))
-    v = rng.normal(size=lead + (n_k, d_v))
     return q, k, v, sram_size
 
 

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import strategies
+
 from flashlab.reference import attention, attention_backward, flash1_forward, flash2_backward, flash2_forward
 
 TOL = 1e-10
@@ -23,17 +25,9 @@ TOL = 1e-10
 def problems(draw, max_n=13, max_d=6):
     """(q, k, v, do, block_q, block_k): leading batch dims, N_q != N_k, ragged blocks,
     blocks from one row to larger than the sequence."""
-    lead = draw(st.sampled_from([(), (2,), (2, 3)]))
-    n_q, n_k = draw(st.integers(1, max_n)), draw(st.integers(1, max_n))
-    d, d_v = draw(st.integers(1, max_d)), draw(st.integers(1, max_d))
+    q, k, v, rng = draw(strategies.qkv(max_n, max_d))
     block_q, block_k = draw(st.integers(1, max_n + 2)), draw(st.integers(1, max_n + 2))
-    seed = draw(st.integers(0, 2**32 - 1))
-    spread = draw(st.sampled_from([0.1, 1.0, 10.0]))
-    rng = np.random.default_rng(seed)
-    q = rng.normal(scale=spread, size=lead + (n_q, d))
-    k = rng.normal(scale=spread, size=lead + (n_k, d))
-    v = rng.normal(size=lead + (n_k, d_v))
-    do = rng.normal(size=lead + (n_q, d_v))
+    do = rng.normal(size=q.shape[:-1] + v.shape[-1:])
     return q, k, v, do, block_q, block_k
 
 

@@ -17,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import strategies
+
 from flashlab.reference import (
     OnlineSoftmaxState,
     attention,
@@ -54,20 +56,7 @@ def attention_by_torch(q, k, v, causal=False, scale=None):
 
 
 def qkv_strategy(max_n=9, max_d=6):
-    @st.composite
-    def build(draw):
-        lead = draw(st.sampled_from([(), (2,), (2, 3)]))
-        n_q, n_k = draw(st.integers(1, max_n)), draw(st.integers(1, max_n))
-        d, d_v = draw(st.integers(1, max_d)), draw(st.integers(1, max_d))
-        seed = draw(st.integers(0, 2**32 - 1))
-        spread = draw(st.sampled_from([0.1, 1.0, 10.0]))
-        rng = np.random.default_rng(seed)
-        q = rng.normal(scale=spread, size=lead + (n_q, d))
-        k = rng.normal(scale=spread, size=lead + (n_k, d))
-        v = rng.normal(size=lead + (n_k, d_v))
-        return q, k, v
-
-    return build()
+    return strategies.qkv(max_n, max_d).map(lambda drawn: drawn[:3])
 
 
 # ---------------------------------------------------------------- softmax

@@ -49,8 +49,8 @@ import math
 
 import numpy as np
 
-from .._validate import as_float_array, positive_int
-from .naive import _check_qkv, _scale
+from .._validate import positive_int
+from .naive import _check_output_like, _check_qkv, _scale
 
 __all__ = ["block_sizes", "flash1_forward", "flash1_backward", "flash1_block_counts", "flash1_flops"]
 
@@ -210,12 +210,7 @@ def flash1_backward(
     (dq, dk, dv) with the shapes of (q, k, v).
     """
     q, k, v = _check_qkv(q, k, v, np.float64)
-    o = as_float_array("o", o, np.float64, min_ndim=2)
-    do = as_float_array("do", do, np.float64, min_ndim=2)
-    out_shape = q.shape[:-1] + v.shape[-1:]
-    for name, arr in (("o", o), ("do", do)):
-        if arr.shape != out_shape:
-            raise ValueError(f"{name} must have the shape of the output {out_shape}; got {name}.shape={arr.shape}")
+    o, do = _check_output_like(q, v, o=o, do=do)
     m = np.asarray(m, dtype=np.float64)
     l = np.asarray(l, dtype=np.float64)
     for name, arr in (("m", m), ("l", l)):

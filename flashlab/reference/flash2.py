@@ -64,7 +64,7 @@ import numpy as np
 
 from .._validate import as_float_array, positive_int
 from .flash1 import _block_mask, _blocks, _fully_masked
-from .naive import _check_qkv, _scale
+from .naive import _check_output_like, _check_qkv, _scale
 
 __all__ = ["flash2_forward", "flash2_backward"]
 
@@ -150,13 +150,8 @@ def flash2_backward(
     (dq, dk, dv) with the shapes of (q, k, v).
     """
     q, k, v = _check_qkv(q, k, v, np.float64)
-    o = as_float_array("o", o, np.float64, min_ndim=2)
-    do = as_float_array("do", do, np.float64, min_ndim=2)
+    o, do = _check_output_like(q, v, o=o, do=do)
     lse = as_float_array("lse", lse, np.float64, min_ndim=1, allow_neg_inf=True)
-    out_shape = q.shape[:-1] + v.shape[-1:]
-    for name, arr in (("o", o), ("do", do)):
-        if arr.shape != out_shape:
-            raise ValueError(f"{name} must have the shape of the output {out_shape}; got {name}.shape={arr.shape}")
     if lse.shape != q.shape[:-1]:
         raise ValueError(f"lse must have shape {q.shape[:-1]} (one number per query row); got lse.shape={lse.shape}")
     tau = _scale(scale, q.shape[-1])

@@ -50,6 +50,18 @@ def _check_qkv(q, k, v, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, k, v
 
 
+def _check_output_like(q: np.ndarray, v: np.ndarray, dtype=np.float64, **arrays) -> list[np.ndarray]:
+    """Each named array (e.g. o=..., do=...) as a float array of the output's shape (..., N_q, d_v)."""
+    expected = q.shape[:-1] + v.shape[-1:]
+    checked = []
+    for name, arr in arrays.items():
+        arr = as_float_array(name, arr, dtype, min_ndim=2)
+        if arr.shape != expected:
+            raise ValueError(f"{name} must have the shape of the output {expected}; got {name}.shape={arr.shape}")
+        checked.append(arr)
+    return checked
+
+
 def _scale(scale: float | None, d: int) -> float:
     return 1.0 / math.sqrt(d) if scale is None else positive_float("scale", scale)
 
@@ -141,10 +153,7 @@ def attention_backward(
     (dq, dk, dv) with the shapes of (q, k, v).
     """
     q, k, v = _check_qkv(q, k, v, dtype)
-    do = as_float_array("do", do, dtype, min_ndim=2)
-    expected = q.shape[:-1] + v.shape[-1:]
-    if do.shape != expected:
-        raise ValueError(f"do must have the shape of the output {expected}; got do.shape={do.shape}")
+    (do,) = _check_output_like(q, v, dtype, do=do)
     sc = _scale(scale, q.shape[-1])
     p = softmax(scores(q, k, causal, sc, dtype), axis=-1)  # (..., N_q, N_k)
     o = p @ v  # (..., N_q, d_v)
