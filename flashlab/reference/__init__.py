@@ -6,8 +6,25 @@ Float64 by default. One module per idea:
 - :mod:`.naive`   — standard attention with S and P materialised, and its backward
 - :mod:`.flash1`  — FlashAttention v1 (Algorithm 1 forward, Algorithm 4 backward by recomputation)
 - :mod:`.flash2`  — FlashAttention-2 (Q-block outer loop, deferred normalisation, lse; Algorithms 1-2)
+- :mod:`.beyond`  — causal block skipping, sliding window, GQA/MQA, variable length, split-KV
+                   decoding (flash-decoding), paged KV cache
 """
 
+from .beyond import (
+    PagedKVCache,
+    attention_gqa,
+    attention_paged,
+    attention_varlen,
+    attention_window,
+    causal_block_counts,
+    combine,
+    decode_split_kv,
+    kv_cache_bytes,
+    pad_and_mask_cost,
+    split_heuristic,
+    window_block_counts,
+    window_mask,
+)
 from .flash1 import block_sizes, flash1_backward, flash1_block_counts, flash1_flops, flash1_forward
 from .flash2 import flash2_backward, flash2_forward
 from .naive import attention, attention_backward, attention_flops, causal_mask, scores
@@ -31,4 +48,17 @@ __all__ = [
     "flash1_flops",
     "flash2_forward",
     "flash2_backward",
+    "attention_gqa",
+    "kv_cache_bytes",
+    "causal_block_counts",
+    "window_mask",
+    "attention_window",
+    "window_block_counts",
+    "attention_varlen",
+    "pad_and_mask_cost",
+    "decode_split_kv",
+    "combine",
+    "split_heuristic",
+    "PagedKVCache",
+    "attention_paged",
 ]
