@@ -5,6 +5,7 @@
 
 - :mod:`.forward`  — the forward kernel (one program per query block and head)
 - :mod:`.backward` — preprocess D, a dK/dV kernel over key blocks, a dQ kernel over query blocks
+- :mod:`.decoding` — decoding against a long (optionally paged) KV cache with split-KV (flash-decoding)
 
 On a CPU the same kernels run under Triton's interpreter: set ``TRITON_INTERPRET=1``
 *before* importing this module (the variable is read when the kernels are defined).
@@ -19,9 +20,19 @@ import torch
 
 from ._common import INTERPRET, LN2
 from .backward import backward as _backward
+from .decoding import choose_num_splits, combine_splits, flash_decode
 from .forward import forward as _forward
 
-__all__ = ["flash_attention", "FlashAttentionFunction", "INTERPRET", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
+__all__ = [
+    "flash_attention",
+    "FlashAttentionFunction",
+    "flash_decode",
+    "combine_splits",
+    "choose_num_splits",
+    "INTERPRET",
+    "SUPPORTED_DTYPES",
+    "MAX_HEAD_DIM",
+]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256

@@ -1,0 +1,486 @@
+"""Decoding with a KV cache: split-KV (Flash-Decoding) and paged KV, in Triton.
+
+When a model generates text, each step brings n_q new query tokens (1 in classic
+decoding, a few with speculative decoding) per sequence, and they attend to every key
+in that sequence's cache. There is no query block to parallelise over, so the
+FlashAttention-2 grid (query blocks x heads) would be B·H tiny programs on a GPU with
+132 SMs. Flash-Decoding (Dao, Haziza, Massa, Sizov 2023) splits the *keys* instead:
+
+    split kernel    grid (num_splits, B·H_kv, row blocks). Program s owns the key chunk
+                    C_s of one sequence b and one K/V head, streams it in blocks of
+                    BLOCK_N with the online softmax of forward.py, and writes a partial
+                    result normalised over its own chunk:
+                        o_s   = softmax(S[:, C_s]) V[C_s]                   (float32)
+                        lse_s = log2 sum_{j in C_s} 2^{S_j}                  (log2 units; -inf if C_s sees no key)
+    combine kernel  one program per output row:
+                        lse = log2 sum_s 2^{lse_s}                                            (eq. C1)
+                        o   = sum_s 2^{lse_s - lse} o_s                                         (eq. C2)
+                    exact, not an approximation: 2^{lse_s - lse} is the share of the softmax
+                    mass that lies in chunk s. Chunks with lse_s = -inf contribute 0.
+
+With one split the split kernel writes the final output itself and the combine is skipped.
+
+GQA packs a head group into one tile. The GROUP = H / H_kv query heads that share a K/V
+head (Ainslie et al. 2023) read the same keys, so one program takes all of them: the
+tile's rows are r = g·n_q + i (head g of the group, new token i), n_q·GROUP rows padded
+to BLOCK_M >= 16. K and V are read once per group instead of once per head, and the
+scores become a real matrix product Q (BLOCK_M x d) K^T (d x BLOCK_N) on the tensor
+cores instead of a matrix-vector product.
+
+Causal mask among the new tokens: token i of n_q sits at cache position seqlen - n_q + i
+(the new keys are already appended), so it sees key j iff j <= seqlen - n_q + i — the
+bottom-right alignment of flashlab.reference.attention. A row that sees no key gives 0.
+
+Two cache layouts:
+
+    contiguous   k_cache, v_cache (B, H_kv, N_max, d); sequence b uses positions [0, seqlen_b).
+    paged        k_cache, v_cache (num_pages, page_size, H_kv, d): a pool of pages shared by
+                 all sequences (PagedAttention, Kwon et al. 2023; the layout of vLLM and of
+                 flash-attn's flash_attn_with_kvcache). block_table (B, max_pages) int32 maps
+                 logical page p of sequence b to a physical page, so key j of sequence b lives
+                 at k_cache[block_table[b, j // page_size], j % page_size]. Each key row of d
+                 elements stays contiguous, so gathered loads are still coalesced.
+
+Glossary: n_q = new query tokens per sequence (新词元数); seqlen = valid cache length
+(缓存有效长度); split = chunk of keys handled by one program (键分块); GROUP = query
+heads per K/V head (分组); page = fixed-size block of the cache pool (页); block_table =
+logical page -> physical page (页表); lse = log-sum-exp, here in log2 units.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._validate import positive_int
+from ._common import INTERPRET, LN2, LOG2E
+
+__all__ = ["flash_decode", "combine_splits", "choose_num_splits", "DEFAULT_NUM_SMS", "MAX_SPLITS"]
+
+DEFAULT_NUM_SMS = 132  # H100 / H200 SXM: the split count targets these when no CUDA device is present
+MAX_SPLITS = 128  # more splits than this only adds combine work (flash-attn uses the same cap)
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_HEAD_DIM = 256
+
+
+# --------------------------------------------------------------------------- split kernel
+@triton.jit
+def _attend_chunk(
+    acc, l_i, m_i, q,  # running state (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,); the packed query tile
+    K, V, BT_ROW, off_b,  # K, V point at this K/V head; BT_ROW at block_table[b] (paged only)
+    stride_k0, stride_kn, stride_kd, stride_v0, stride_vn, stride_vd,
+    offs_i, offs_n, offs_d, lo, hi, end, causal_offset, qk_scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Fold key blocks [lo, hi) into (acc, l_i, m_i) — the recurrence of forward.py. MASKED
+    blocks check the chunk end and the causal diagonal; unmasked ones are fully visible."""
+    d_ok = offs_d < D_HEAD
+    for start_n in range(lo, hi, BLOCK_N):
+        n = start_n + offs_n  # (BLOCK_N,) logical key positions in the sequence
+        n_ok = n < end
+        if PAGED:  # key n lives in physical page block_table[b, n // page_size], slot n % page_size
+            page = tl.load(BT_ROW + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            k_rows = page * stride_k0 + (n % PAGE_SIZE) * stride_kn  # (BLOCK_N,) element offsets
+            v_rows = page * stride_v0 + (n % PAGE_SIZE) * stride_vn
+        else:
+            k_rows = off_b * stride_k0 + n * stride_kn
+            v_rows = off_b * stride_v0 + n * stride_vn
+        k_ptrs = K + k_rows[None, :] + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N) = K_j^T
+        v_ptrs = V + v_rows[:, None] + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D) = V_j
+        if MASKED:
+            k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        elif BLOCK_D != D_HEAD:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if UPCAST:  # the interpreter computes bf16 dots wrongly: work in fp32 there
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")  # Q K_j^T (BLOCK_M, BLOCK_N), unscaled
+        else:
+            qk = tl.dot(q, k)
+        if MASKED:  # token i sees key n iff n <= seqlen - n_q + i (and n is inside this chunk)
+            visible = n_ok[None, :] & (n[None, :] <= offs_i[:, None] + causal_offset)
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # m_new = max(m, rowmax(S_j)), S = qk·scale·log2 e
+        m_ref = m_new
+        if MASKED:
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
+        alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
+        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])  # P_j = exp2(S_j - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_j)
+        acc = acc * alpha[:, None]  # O = alpha O ...
+        if IEEE:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")  # ... + P_j V_j
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _split_kernel(
+    Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
+    stride_qb, stride_qh, stride_qi, stride_qd,
+    stride_k0, stride_kh, stride_kn, stride_kd,  # contiguous: (b, h_kv, n, d); paged: (page, h_kv, slot, d)
+    stride_v0, stride_vh, stride_vn, stride_vd,
+    stride_bt,
+    stride_ob, stride_oh, stride_os, stride_oi, stride_od,  # O_PART (B, H, splits, n_q, d)
+    stride_lb, stride_lh, stride_ls, stride_li,  # LSE_PART (B, H, splits, n_q)
+    H_KV, GROUP, N_Q, NUM_SPLITS, qk_scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    split = tl.program_id(0)
+    off_bkv = tl.program_id(1)
+    off_b = off_bkv // H_KV
+    off_hkv = off_bkv % H_KV
+    seqlen = tl.load(SEQLENS + off_b)
+
+    # Rows r = g·n_q + i: head g of the group, new token i (GQA packing), padded to BLOCK_M.
+    offs_r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_g = offs_r // N_Q
+    offs_i = offs_r % N_Q
+    row_ok = offs_r < GROUP * N_Q
+    offs_h = off_hkv * GROUP + offs_g  # (BLOCK_M,) query head of each row
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)  # head dim padded to a power of two; loads masked to D_HEAD
+    d_ok = offs_d < D_HEAD
+
+    q_ptrs = Q + off_b * stride_qb + offs_h[:, None] * stride_qh + offs_i[:, None] * stride_qi + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D), stays on chip
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # m = -inf
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # l = 0
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # O = 0
+
+    # This program's chunk of whole key blocks: the sequence's cdiv(seqlen, BLOCK_N) blocks are
+    # dealt out in runs of equal length, so splits of a short sequence may be empty (start >= end).
+    blocks_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), NUM_SPLITS)
+    start = split * blocks_per_split * BLOCK_N
+    end = tl.minimum(start + blocks_per_split * BLOCK_N, seqlen)
+    # Keys [0, full) lie in blocks every row sees whole (j <= seqlen - n_q): no mask needed there.
+    causal_offset = seqlen - N_Q
+    full = (tl.maximum(causal_offset + 1, 0) // BLOCK_N) * BLOCK_N
+    mid = tl.minimum(tl.maximum(full, start), end)
+
+    off_b64 = off_b.to(tl.int64)  # a whole cache can exceed 2^31 elements
+    K += off_hkv * stride_kh
+    V += off_hkv * stride_vh
+    BT_ROW = BLOCK_TABLE
+    if PAGED:
+        BT_ROW += off_b * stride_bt  # block_table[b]
+    acc, l_i, m_i = _attend_chunk(acc, l_i, m_i, q, K, V, BT_ROW, off_b64,
+                                  stride_k0, stride_kn, stride_kd, stride_v0, stride_vn, stride_vd,
+                                  offs_i, offs_n, offs_d, start, mid, end, causal_offset, qk_scale,
+                                  D_HEAD, BLOCK_D, BLOCK_N, PAGED, PAGE_SIZE, False, UPCAST, IEEE)
+    acc, l_i, m_i = _attend_chunk(acc, l_i, m_i, q, K, V, BT_ROW, off_b64,
+                                  stride_k0, stride_kn, stride_kd, stride_v0, stride_vn, stride_vd,
+                                  offs_i, offs_n, offs_d, mid, end, end, causal_offset, qk_scale,
+                                  D_HEAD, BLOCK_D, BLOCK_N, PAGED, PAGE_SIZE, True, UPCAST, IEEE)
+
+    # Partial result over this chunk; a row with no visible key here has l = 0: o_s = 0, lse_s = -inf.
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    acc = acc / l_safe[:, None]  # o_s = O / l
+    lse = tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf"))  # lse_s = m + log2(l)
+    row_base = off_b * stride_lb + offs_h * stride_lh + split * stride_ls + offs_i * stride_li
+    tl.store(LSE_PART + row_base, lse, mask=row_ok)
+    o_ptrs = (O_PART + off_b * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
+              + offs_i[:, None] * stride_oi + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, acc.to(O_PART.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+# --------------------------------------------------------------------------- combine kernel
+@triton.jit
+def _combine_kernel(
+    O_PART, LSE_PART, O, LSE,
+    stride_pb, stride_ph, stride_ps, stride_pi, stride_pd,  # O_PART (B, H, splits, n_q, d)
+    stride_lb, stride_lh, stride_ls, stride_li,  # LSE_PART (B, H, splits, n_q)
+    stride_ob, stride_oh, stride_oi, stride_od,  # O (B, H, n_q, d)
+    H, N_Q, NUM_SPLITS,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
+):
+    row = tl.program_id(0)  # one output row (b, h, i)
+    off_i = row % N_Q
+    off_b = row // N_Q // H
+    off_h = row // N_Q % H
+    lse_row = LSE_PART + off_b * stride_lb + off_h * stride_lh + off_i * stride_li
+    o_row = O_PART + off_b * stride_pb + off_h * stride_ph + off_i * stride_pi
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D_HEAD
+
+    # Pass 1: the total log-sum-exp from every chunk's (BLOCK_S >= NUM_SPLITS, padded with -inf).
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_s = tl.load(lse_row + offs_s * stride_ls, mask=offs_s < NUM_SPLITS, other=float("-inf"))  # (BLOCK_S,)
+    m = tl.max(lse_s, 0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)  # every chunk empty: weights exp2(-inf) = 0, not NaN
+    total = tl.sum(tl.math.exp2(lse_s - m_ref), 0)
+    seen = total > 0
+    lse = tl.where(seen, m_ref + tl.math.log2(tl.where(seen, total, 1.0)), float("-inf"))  # (C1) lse = log2 sum_s 2^{lse_s}
+    lse_ref = tl.where(seen, lse, 0.0)
+
+    # Pass 2: the weighted sum of the partial outputs, CHUNK_S chunks at a time.
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, NUM_SPLITS, CHUNK_S):
+        s = s0 + tl.arange(0, CHUNK_S)
+        s_ok = s < NUM_SPLITS
+        weight = tl.math.exp2(tl.load(lse_row + s * stride_ls, mask=s_ok, other=float("-inf")) - lse_ref)  # 2^{lse_s - lse}
+        o_s = tl.load(o_row + s[:, None] * stride_ps + offs_d[None, :] * stride_pd,
+                      mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (CHUNK_S, BLOCK_D)
+        acc += tl.sum(weight[:, None] * o_s, 0)  # (C2) o = sum_s 2^{lse_s - lse} o_s
+    tl.store(LSE + off_b * H * N_Q + off_h * N_Q + off_i, lse)
+    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + off_i * stride_oi + offs_d * stride_od
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=d_ok)
+
+
+def _combine_into(o_parts: torch.Tensor, lse2_parts: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor) -> None:
+    B, H, S, N_Q, D = o_parts.shape
+    block_s = triton.next_power_of_2(S)
+    _combine_kernel[(B * H * N_Q,)](
+        o_parts, lse2_parts, o, lse2, *o_parts.stride(), *lse2_parts.stride(), *o.stride(),
+        H, N_Q, S, D_HEAD=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_S=block_s, CHUNK_S=min(block_s, 16),
+    )
+
+
+def combine_splits(o_parts: torch.Tensor, lse2_parts: torch.Tensor,
+                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge per-chunk attention results exactly (the combine kernel alone).
+
+    Parameters
+    ----------
+    o_parts : (B, H, S, n_q, d) float32, each chunk's output normalised over that chunk
+    lse2_parts : (B, H, S, n_q) float32, each chunk's log-sum-exp in log2 units (-inf: empty chunk)
+    dtype : dtype of the returned output
+
+    Returns
+    -------
+    o : (B, H, n_q, d) in ``dtype``, o = sum_s 2^{lse_s - lse} o_s (0 where every chunk is empty)
+    lse2 : (B, H, n_q) float32, lse = log2 sum_s 2^{lse_s}
+    """
+    if o_parts.dim() != 5 or o_parts.dtype != torch.float32:
+        raise ValueError(f"o_parts must be a 5-D float32 tensor (B, H, S, n_q, d); got shape {tuple(o_parts.shape)}, dtype {o_parts.dtype}")
+    if lse2_parts.shape != o_parts.shape[:4] or lse2_parts.dtype != torch.float32:
+        raise ValueError(f"lse2_parts must be float32 of shape {tuple(o_parts.shape[:4])} (o_parts without d); "
+                         f"got shape {tuple(lse2_parts.shape)}, dtype {lse2_parts.dtype}")
+    if lse2_parts.device != o_parts.device:
+        raise ValueError(f"o_parts and lse2_parts must be on the same device; got {o_parts.device} and {lse2_parts.device}")
+    _check_runnable(o_parts.device)
+    B, H, _, N_Q, D = o_parts.shape
+    o = torch.empty((B, H, N_Q, D), device=o_parts.device, dtype=dtype)
+    lse2 = torch.empty((B, H, N_Q), device=o_parts.device, dtype=torch.float32)
+    _combine_into(o_parts, lse2_parts, o, lse2)
+    return o, lse2
+
+
+# --------------------------------------------------------------------------- launch choices
+def _launch_config(rows: int, block_d: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for n_q·GROUP packed rows. Decoding is
+    memory-bound, so BLOCK_M is as small as the tensor cores allow (16) unless the group is
+    larger; BLOCK_N = 64 keys (32 at d = 256, to fit shared memory) with 3 stages in flight.
+    Under the interpreter BLOCK_N = 16, so small test caches cross many blocks."""
+    block_m = min(max(16, triton.next_power_of_2(rows)), 64 if block_d <= 128 else 32)
+    if INTERPRET:
+        return block_m, 16, 4, 1
+    return block_m, (64 if block_d <= 128 else 32), 4, 3
+
+
+def choose_num_splits(programs: int, key_blocks: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """Split count for Flash-Decoding: enough programs to fill the GPU in whole waves.
+
+    ``programs`` = B·H_kv·(row blocks) is the grid without splitting, ``key_blocks`` =
+    cdiv(cache capacity, BLOCK_N). A wave is ``slots`` = 2·num_sms programs: the split
+    kernel's tiles are small, so two programs share an SM and hide each other's memory
+    latency (as in flash-attn, which passes 2·SMs too). If the grid already fills >= 80 %
+    of a wave, do not split. Otherwise pick, among 1 <= s <= min(key_blocks, MAX_SPLITS)
+    (each split keeps at least one key block), the smallest s whose wave efficiency
+
+        eff(s) = (programs·s / slots) / ceil(programs·s / slots)
+
+    is within 85 % of the best — flash-attn's ``num_splits_heuristic`` (flash_api.cpp): few
+    splits (less combine work) unless more of them fill the last wave much better.
+    Example: B = 4, H_kv = 8, n_q·GROUP <= 64 on 132 SMs: 32 programs, s = 8 -> 256 programs
+    (measured on an H200 at a 32k cache, d = 128, bf16: s = 8 reads K and V at 3.8 TB/s, s = 4 at 2.7 TB/s).
+    """
+    programs, key_blocks, num_sms = (positive_int(n, x) for n, x in
+                                     (("programs", programs), ("key_blocks", key_blocks), ("num_sms", num_sms)))
+    slots = 2 * num_sms
+    if programs >= 0.8 * slots:
+        return 1
+    candidates = range(1, min(key_blocks, MAX_SPLITS) + 1)
+    eff = {s: (programs * s / slots) / math.ceil(programs * s / slots) for s in candidates}
+    best = max(eff.values())
+    return min(s for s in candidates if eff[s] >= 0.85 * best)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS
+
+
+# --------------------------------------------------------------------------- input checks
+def _check_runnable(device: torch.device) -> None:
+    if device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            f"the tensors are on {device}: the Triton kernels need a CUDA GPU, or set TRITON_INTERPRET=1 before "
+            "importing flashlab.kernels to run them on the CPU under Triton's interpreter"
+        )
+
+
+def _check(q, k_cache, v_cache, cache_seqlens, block_table, page_size, num_splits, scale, validate) -> float:
+    """Validate the arguments of :func:`flash_decode` (the values of cache_seqlens and block_table
+    only if ``validate``); return the scale."""
+    if (block_table is None) != (page_size is None):
+        raise ValueError(f"block_table and page_size must be given together (paged cache) or both left out (contiguous cache); "
+                         f"got block_table={'a tensor' if block_table is not None else None}, page_size={page_size!r}")
+    paged = block_table is not None
+    layout = "(num_pages, page_size, H_kv, d)" if paged else "(B, H_kv, N_max, d)"
+    for name, t, what in (("q", q, "(B, H, n_q, d)"), ("k_cache", k_cache, layout), ("v_cache", v_cache, layout)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {what}; got shape {tuple(t.shape)}")
+        if t.dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must have dtype float16, bfloat16 or float32; got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"q and {name} must be on the same device; got q on {q.device}, {name} on {t.device}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"q and {name} must have the same dtype; got q {q.dtype}, {name} {t.dtype}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    B, H, n_q, d = q.shape
+    h_kv = k_cache.shape[2] if paged else k_cache.shape[1]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"q and k_cache must have the same head dimension d; got q.shape={tuple(q.shape)}, k_cache.shape={tuple(k_cache.shape)}")
+    if not 1 <= d <= _MAX_HEAD_DIM:
+        raise ValueError(f"head dimension d must be between 1 and {_MAX_HEAD_DIM}; got {d}")
+    if n_q < 1:
+        raise ValueError(f"q must hold at least one new token (n_q >= 1); got q.shape={tuple(q.shape)}")
+    if h_kv < 1 or H % h_kv != 0:
+        raise ValueError(f"the number of K/V heads must divide the number of query heads (GQA/MQA); "
+                         f"got {H} query heads and {h_kv} K/V heads (k_cache layout {layout})")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.shape != (B,):
+        got = (f"shape {tuple(cache_seqlens.shape)}, dtype {cache_seqlens.dtype}" if isinstance(cache_seqlens, torch.Tensor)
+               else type(cache_seqlens).__name__)
+        raise ValueError(f"cache_seqlens must be an int32 tensor of shape (B,) = ({B},); got {got}")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"q and cache_seqlens must be on the same device; got q on {q.device}, cache_seqlens on {cache_seqlens.device}")
+    if paged:
+        page_size = positive_int("page_size", page_size)
+        if k_cache.shape[1] != page_size:
+            raise ValueError(f"a paged k_cache is (num_pages, page_size, H_kv, d); got page_size={page_size} but k_cache.shape={tuple(k_cache.shape)}")
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+            got = (f"shape {tuple(block_table.shape)}, dtype {block_table.dtype}" if isinstance(block_table, torch.Tensor)
+                   else type(block_table).__name__)
+            raise ValueError(f"block_table must be an int32 tensor (B, max_pages) with B = {B}; got {got}")
+        if block_table.device != q.device:
+            raise ValueError(f"q and block_table must be on the same device; got q on {q.device}, block_table on {block_table.device}")
+        capacity, where = block_table.shape[1] * page_size, f"max_pages * page_size = {block_table.shape[1]} * {page_size}"
+    else:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"q and k_cache must have the same batch size; got q.shape={tuple(q.shape)}, k_cache.shape={tuple(k_cache.shape)}")
+        capacity, where = k_cache.shape[2], "N_max = k_cache.shape[2]"
+    if validate:  # reading the values is a device sync
+        lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if lo < 0 or hi > capacity:
+            raise ValueError(f"cache_seqlens must lie in [0, {capacity}] ({where}); got values from {lo} to {hi}")
+        if paged:
+            used = torch.arange(block_table.shape[1], device=q.device)[None, :] < (cache_seqlens[:, None] + page_size - 1) // page_size
+            bad = used & ((block_table < 0) | (block_table >= k_cache.shape[0]))
+            if bool(bad.any()):
+                b, p = (int(x) for x in bad.nonzero()[0])
+                raise ValueError(f"block_table entries for pages in use must lie in [0, num_pages = {k_cache.shape[0]}); "
+                                 f"got block_table[{b}, {p}] = {int(block_table[b, p])}")
+    if num_splits is not None:
+        positive_int("num_splits", num_splits)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
+    _check_runnable(q.device)
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+# --------------------------------------------------------------------------- entry point
+def flash_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    num_splits: int | None = None,
+    scale: float | None = None,
+    block_table: torch.Tensor | None = None,
+    page_size: int | None = None,
+    return_lse: bool = False,
+    validate: bool = True,
+):
+    """Attention of a few new tokens to a KV cache, by Flash-Decoding (split-KV + combine).
+
+    Parameters
+    ----------
+    q : (B, H, n_q, d) float16, bfloat16 or float32 — the new tokens' queries; n_q is small
+        (1 for classic decoding, up to ~16 for speculative decoding). Token i sees cache
+        positions j <= cache_seqlens[b] - n_q + i (its own key is already in the cache).
+    k_cache, v_cache : contiguous (B, H_kv, N_max, d), or paged (num_pages, page_size, H_kv, d)
+        when ``block_table`` is given; same dtype and device as q; H_kv divides H (GQA/MQA).
+    cache_seqlens : (B,) int32, valid cache length of each sequence, 0 <= seqlen <= capacity.
+    num_splits : key chunks per (sequence, K/V head); default :func:`choose_num_splits`.
+    scale : multiplies q k^T; default 1/sqrt(d).
+    block_table : (B, max_pages) int32, physical page of logical page p of sequence b.
+    page_size : keys per page; must be given with ``block_table`` and equal k_cache.shape[1].
+    return_lse : also return the row log-sum-exp (B, H, n_q), float32, natural log.
+    validate : check the *values* of cache_seqlens (within the cache) and of the block_table
+        entries in use (valid pages). That reads them on the host, a device sync: about 0.1 ms
+        per call on an H200, as long as the kernels at B = 4, H = 32, a 32k cache. A decoding
+        loop (or a CUDA graph) that guarantees them passes False; shapes, dtypes and devices
+        are always checked.
+
+    Returns
+    -------
+    o : (B, H, n_q, d) in q's dtype (0 for a token that sees no key), or ``(o, lse)``.
+    """
+    scale = _check(q, k_cache, v_cache, cache_seqlens, block_table, page_size, num_splits, scale, validate)
+    paged = block_table is not None
+    B, H, N_Q, D = q.shape
+    H_KV = k_cache.shape[2] if paged else k_cache.shape[1]
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    group = H // H_KV
+    block_d = max(16, triton.next_power_of_2(D))
+    block_m, block_n, warps, stages = _launch_config(group * N_Q, block_d)
+    row_blocks = triton.cdiv(group * N_Q, block_m)
+    if num_splits is None:
+        num_splits = choose_num_splits(B * H_KV * row_blocks, max(1, triton.cdiv(capacity, block_n)), _num_sms(q.device))
+
+    o = torch.empty((B, H, N_Q, D), device=q.device, dtype=q.dtype)
+    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    if num_splits == 1:  # the single chunk's partial is the answer: write it straight to o (split stride 0)
+        o_parts, lse2_parts = o.unsqueeze(2), lse2.unsqueeze(2)  # (B, H, 1, n_q, d), (B, H, 1, n_q)
+    else:
+        o_parts = torch.empty((B, H, num_splits, N_Q, D), device=q.device, dtype=torch.float32)
+        lse2_parts = torch.empty((B, H, num_splits, N_Q), device=q.device, dtype=torch.float32)
+    # Strides of dim 1 of the paged pool (page_size) and dim 2 (H_kv) swap roles with the contiguous cache.
+    k_strides = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1), k_cache.stride(3)) if paged else k_cache.stride()
+    v_strides = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3)) if paged else v_cache.stride()
+    _split_kernel[(num_splits, B * H_KV, row_blocks)](
+        q, k_cache, v_cache, cache_seqlens, block_table, o_parts, lse2_parts,
+        *q.stride(), *k_strides, *v_strides, block_table.stride(0) if paged else 0,
+        *o_parts.stride(), *lse2_parts.stride(),
+        H_KV, group, N_Q, num_splits, scale * LOG2E,  # scale * log2(e): exp -> exp2
+        D_HEAD=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
+        PAGED=paged, PAGE_SIZE=page_size if paged else 1, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32,
+        num_warps=warps, num_stages=stages,
+    )
+    if num_splits > 1:
+        _combine_into(o_parts, lse2_parts, o, lse2)
+    if return_lse:
+        return o, lse2 * LN2  # log2 units -> natural log
+    return o
