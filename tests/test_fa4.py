@@ -127,7 +127,7 @@ def test_round_to_bf16_matches_torch(x):
 
 # ------------------------------------------------------------------ conditional rescaling
 def test_staircase_row_nine_to_one():
-    from flashlab.figures.fa4 import staircase_row
+    from flashlab.reference.rescale import staircase_row
 
     row = staircase_row()  # block maxima 0, 1, ..., 9
     assert rescale.running_max_changes(row, 4) == 9

@@ -125,7 +125,7 @@ from flashlab.reference.counting import count_nonmatmul, matmul_equivalent, nonm
 def _closed_form(version, N, d, Br, Bc):
     """Non-matmul ops of the forward for N divisible by Br and Bc, from the lines of the algorithms."""
     tiles, T = (N // Br) * (N // Bc), Br * Bc
-    if version == 1:  # Alg. 1 lines 9-12 per tile
+    if version == 1:  # FA1 Alg. 1 lines 9-12 per tile; v2: FA2 Alg. 1 lines 8-13
         per_tile = {"exp": T + 2 * Br, "max": T + Br, "add": 2 * T + 3 * Br + Br * d,
                     "multiply": T + 3 * Br + 2 * Br * d, "divide": Br * d, "log": 0}
         return {op: n * tiles for op, n in per_tile.items()}

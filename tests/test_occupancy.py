@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashlab.hardware import A100, H200
-from flashlab.sim.occupancy import programs, schedule, warp_exchange
+from flashlab.sim.occupancy import operand_reads, programs, schedule, warp_exchange
 
 
 def test_seed_example_b1_h16_on_a100():
@@ -105,3 +105,13 @@ def test_warp_exchange_by_hand():
 def test_split_k_exchange_grows_with_warps():
     w = [warp_exchange("split_k", 128, 128, warps=n)["bytes_written"] for n in (1, 2, 4, 8)]
     assert w == sorted(w) and w[-1] == 8 * w[0]
+
+
+def test_operand_reads_by_hand():
+    # Br = 128, Bc = d = 64, 4 warps, bf16: split-K reads Q_i four times (64 KiB) + K_j, V_j once (16 KiB);
+    # split-Q reads K_j and V_j once per warp (4 x 16 KiB)
+    assert operand_reads("split_k", 128, 64, 64) == 80 * 1024
+    assert operand_reads("split_q", 128, 64, 64) == 64 * 1024
+    assert operand_reads("split_q", 128, 64, 64, warps=1) == 2 * 64 * 64 * 2  # one warp reads K_j, V_j once
+    with pytest.raises(ValueError, match="scheme"):
+        operand_reads("split_x", 128, 64, 64)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from .. import cycles
 from ..hardware import B200, B300, H100
 from ..reference import rescale, softexp
 from .timeline import COLOURS
 
-__all__ = ["cycles_per_tile", "software_exp2", "conditional_rescaling", "staircase_row"]
+__all__ = ["cycles_per_tile", "software_exp2", "conditional_rescaling"]
 
 BLUE, VERMILLION, GREEN, PURPLE = COLOURS
 ORANGE, SKY, GREY = "#E69F00", "#56B4E9", "0.55"
@@ -26,16 +27,21 @@ ORANGE, SKY, GREY = "#E69F00", "#56B4E9", "0.55"
 def _bars(ax, groups, series, colours, labels):
     width = 0.8 / len(series)
     x = np.arange(len(groups))
+    containers = []
     for i, (values, colour, label) in enumerate(zip(series, colours, labels)):
         bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, color=colour, label=label)
         ax.bar_label(bars, labels=[f"{v:.0f}" if v else "" for v in values], fontsize=8.5, padding=2)
+        containers.append(bars)
     ax.set_xticks(x, groups)
     ax.spines[["top", "right"]].set_visible(False)
+    return containers
 
 
 def cycles_per_tile(Br: int = 128, Bc: int = 128, d: int = 128) -> Figure:
-    """Seed figure 8: cycles per tile for H100, B200, B300, forward (MMA vs exp) and
-    backward (MMA vs SMEM, and SMEM with 2-CTA on Blackwell)."""
+    """Seed figure 8: cycles per tile for H100, B200, B300, forward (MMA, exp and SMEM)
+    and backward (MMA vs SMEM, and SMEM with 2-CTA on Blackwell). The backward SMEM
+    count follows Blackwell's dataflow (operands in TMEM); on the H100 it is drawn
+    hatched, for scale only."""
     gpus = [H100, B200, B300]
     fwd = [cycles.forward_tile_cycles(g, Br, Bc, d) for g in gpus]
     bwd = [cycles.backward_tile_cycles(g, Br, Bc, d) for g in gpus]
@@ -43,20 +49,28 @@ def cycles_per_tile(Br: int = 128, Bc: int = 128, d: int = 128) -> Figure:
            for g in gpus]  # 2-CTA exists only on Blackwell
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     names = [g.name.split()[0] for g in gpus]
-    _bars(a, names, [[f["mma"] for f in fwd], [f["exp"] for f in fwd]], [BLUE, VERMILLION],
-          ["MMA (tensor cores)", "exp (MUFU)"])
+    _bars(a, names, [[f["mma"] for f in fwd], [f["exp"] for f in fwd], [f["smem"] for f in fwd]],
+          [BLUE, VERMILLION, GREEN], ["MMA (tensor cores)", "exp (MUFU)", "SMEM traffic"])
     a.set_title(f"Forward: one {Br}×{Bc}×{d} tile", loc="left")
     a.set_ylabel("cycles per tile on one SM")
     a.legend(frameon=False, loc="upper right")
-    _bars(b, names, [[f["mma"] for f in bwd], [f["smem"] for f in bwd], two], [BLUE, GREEN, SKY],
-          ["MMA (5 matmuls)", "SMEM traffic", "SMEM with 2-CTA"])
+    _, smem_bars, _ = _bars(b, names, [[f["mma"] for f in bwd], [f["smem"] for f in bwd], two], [BLUE, GREEN, SKY],
+                            ["MMA (5 matmuls)", "SMEM traffic", "SMEM with 2-CTA"])
+    for bar, gpu in zip(smem_bars, gpus):
+        if not gpu.tmem_per_sm:  # no TMEM: Blackwell's operand table does not describe this GPU
+            bar.set_facecolor("white")
+            bar.set_edgecolor(GREEN)
+            bar.set_hatch("///")
     b.set_title("Backward: one tile", loc="left")
-    b.legend(frameon=False, loc="upper right")
+    handles = [Patch(color=BLUE, label="MMA (5 matmuls)"), Patch(color=GREEN, label="SMEM traffic"),
+               Patch(facecolor="white", edgecolor=GREEN, hatch="///", label="SMEM, Blackwell dataflow, for scale"),
+               Patch(color=SKY, label="SMEM with 2-CTA")]
+    b.legend(handles=handles, frameon=False, loc="upper right")
     b.text(0.27, 150, "no 2-CTA\non Hopper", ha="center", va="bottom", fontsize=7.5, color="0.3", rotation=90)
     for ax in (a, b):
         ax.set_ylim(0, 1.22 * max(ax.get_ylim()[1], 1))
-    fig.suptitle("The tallest bar is the bottleneck: exp ties MMA on B200, SMEM outruns MMA in the backward",
-                 fontsize=11)
+    fig.suptitle("The tallest bar is the bottleneck: exp ties MMA on B200; "
+                 "SMEM needs more cycles than MMA in the backward", fontsize=11)
     return fig
 
 
@@ -101,32 +115,17 @@ def software_exp2(degree: int = 3) -> Figure:
     b.set_ylim(1e-10, 3.0)
     b.set_xlabel("f (the fractional part; the error is the same for every n)")
     b.set_ylabel("relative error")
-    b.set_title(f"The cubic's worst error is {half_ulp / cubic.max():.0f}× below bf16's rounding step",
-                loc="left")
+    b.set_title(f"bf16 rounding (half a step, 2⁻⁸) is {half_ulp / cubic.max():.0f}×\nthe cubic's worst error",
+                loc="left", fontsize=10.5)
     b.legend(frameon=False, loc="upper right", fontsize=8, ncols=2)
     b.spines[["top", "right"]].set_visible(False)
     return fig
 
 
-def staircase_row(steps: int = 10, rise: float = 1.0, block_size: int = 4, seed: int = 0) -> np.ndarray:
-    """A row whose block maxima rise by ``rise`` (log2 units) in each of ``steps`` blocks.
-
-    The running max changes steps - 1 times; with tau = 8 and rise = 1, only the last
-    block (max 9 above the first) exceeds the reference by more than 8: one rescale.
-    Shape (steps * block_size,); the other entries of each block lie below its max.
-    """
-    rng = np.random.default_rng(seed)
-    blocks = []
-    for j in range(steps):
-        top = j * rise
-        blocks.append(np.r_[top, top - 1.0 - 3.0 * rng.random(block_size - 1)])
-    return np.concatenate(blocks)
-
-
 def conditional_rescaling(threshold: float = 8.0, block_size: int = 4) -> Figure:
     """Seed figure 10: a row's running max over blocks, and the reference max that moves
     only when a block exceeds it by more than tau. Rescale events are marked."""
-    row = staircase_row(block_size=block_size)
+    row = rescale.staircase_row(block_size=block_size)
     eager = rescale.trace_row(row, 0.0, block_size)
     lazy = rescale.trace_row(row, threshold, block_size)
     blocks = np.arange(lazy.block_max.size)

@@ -61,3 +61,26 @@ def launch_options(config: Candidate | None) -> dict:
         return {}
     bm, bn, w, s = config
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+
+
+def causal_key_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: int) -> tuple[int, int]:
+    """The key ranges ``(lo, hi)`` of causal query block ``start_m``, as the kernels compute them.
+
+    Query block ``start_m`` holds rows ``start_m * block_m`` to ``start_m * block_m + block_m - 1``;
+    with bottom-right alignment row i sees key j iff j <= i + (n_k - n_q). Then
+
+        [0, lo)     every row of the block sees these keys: no mask (whole blocks only)
+        [lo, hi)    the diagonal, and the ragged last key block: masked
+        [hi, n_k)   no row of the block sees these keys: skipped
+
+    ``hi`` is one past the last key the block's last row sees; ``lo`` is the first row's
+    last visible key plus one, rounded down to a multiple of ``block_n`` and at most the
+    end of the last full key block. The Triton kernels (``_forward_kernel`` in forward.py,
+    the dQ kernel in backward.py) compute the same two lines with ``tl.minimum`` and
+    ``tl.maximum`` in place of ``min`` and ``max``. Pure Python, for teaching and tests.
+    """
+    causal_offset = n_k - n_q  # bottom-right alignment
+    full_n = (n_k // block_n) * block_n  # end of the last full key block
+    hi = min(max(start_m * block_m + block_m + causal_offset, 0), n_k)
+    lo = min((max(start_m * block_m + causal_offset + 1, 0) // block_n) * block_n, full_n)
+    return lo, hi

@@ -6,8 +6,8 @@ the tensor cores, everything else (exp, max, add, multiply, divide in fp32) at
 matmul FLOPs. v2 therefore removes non-matmul work wherever the algorithm allows.
 
 This module counts that work. :class:`Counted` is a NumPy array that records every
-elementwise operation done on it; the inner-loop steps of v1 (FlashAttention
-Algorithm 1, lines 9-12) and v2 (FlashAttention-2 Algorithm 1, lines 8-13), and
+elementwise operation done on it; the inner-loop steps of v1 (FA1 Alg. 1, lines
+9-12, FlashAttention) and v2 (FA2 Alg. 1, lines 8-13, FlashAttention-2), and
 the recomputation of P in the two backward passes, are run on real numbers with
 :class:`Counted` inputs, tile by tile, over the same loops as the references. The
 counts are what the code did, not a formula; tests check them against closed forms
@@ -81,7 +81,7 @@ def _c(x: np.ndarray) -> Counted:
 
 # ---------------------------------------------------------------- the counted steps
 def _v1_tile(Q_i, K_j, V_j, O_i, l_i, m_i, tau):
-    """FlashAttention (v1) Algorithm 1, lines 9-12, for one tile; O_i stays normalised."""
+    """FA1 Alg. 1, lines 9-12 (FlashAttention v1), for one tile; O_i stays normalised."""
     S = tau * (Q_i @ K_j.T)  # line 9: S_ij = tau Q_i K_j^T
     m_tilde = np.max(S, axis=-1)  # line 10: m~ = rowmax(S)
     P_tilde = np.exp(S - m_tilde[:, None])  # line 10: P~ = exp(S - m~)
@@ -94,7 +94,7 @@ def _v1_tile(Q_i, K_j, V_j, O_i, l_i, m_i, tau):
 
 
 def _v2_tile(Q_i, K_j, V_j, o_tilde, l, m, tau):
-    """FlashAttention-2 Algorithm 1, lines 8-10, for one tile; o_tilde is not normalised."""
+    """FA2 Alg. 1, lines 8-10 (FlashAttention-2), for one tile; o_tilde is not normalised."""
     S = tau * (Q_i @ K_j.T)  # line 8: S = tau Q_i K_j^T
     m_new = np.maximum(m, np.max(S, axis=-1))  # line 9: m_new = max(m, rowmax(S))
     P_tilde = np.exp(S - m_new[:, None])  # line 9: P~ = exp(S - m_new)
@@ -105,18 +105,18 @@ def _v2_tile(Q_i, K_j, V_j, o_tilde, l, m, tau):
 
 
 def _v2_finish(o_tilde, l, m):
-    """FlashAttention-2 Algorithm 1, lines 12-13, once per query block."""
+    """FA2 Alg. 1, lines 12-13, once per query block."""
     return o_tilde / l[:, None], m + np.log(l)  # O_i = diag(l)^-1 o_tilde;  L_i = m + log l
 
 
 def _v1_backward_P(Q_i, K_j, m_i, l_inv_i, tau):
-    """FlashAttention (v1) Algorithm 4, line 13: P = diag(l)^-1 exp(S - m), from two statistics."""
+    """FA1 Alg. 4, line 13: P = diag(l)^-1 exp(S - m), from two statistics."""
     S = tau * (Q_i @ K_j.T)
     return l_inv_i[:, None] * np.exp(S - m_i[:, None])
 
 
 def _v2_backward_P(Q_i, K_j, L_i, tau):
-    """FlashAttention-2 Algorithm 2, line 12: P = exp(S - L), from one statistic."""
+    """FA2 Alg. 2, line 12: P = exp(S - L), from one statistic."""
     S = tau * (Q_i @ K_j.T)
     return np.exp(S - L_i[:, None])
 

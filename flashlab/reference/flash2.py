@@ -74,7 +74,7 @@ def _plan(q: np.ndarray, k: np.ndarray, block_q: int, block_k: int):
     Br = positive_int("block_q", block_q)
     Bc = positive_int("block_k", block_k)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    return _blocks(n_q, Br), _blocks(n_k, Bc), n_k - n_q  # Alg. 1 lines 1-2
+    return _blocks(n_q, Br), _blocks(n_k, Bc), n_k - n_q  # FA2 Alg. 1 lines 1-2
 
 
 def flash2_forward(
@@ -105,7 +105,7 @@ def flash2_forward(
     o = np.zeros(lead + (q.shape[-2], d_v))  # O in HBM   (..., N_q, d_v)
     lse = np.zeros(lead + (q.shape[-2],))  # L in HBM     (..., N_q)
 
-    for rows in row_blocks:  # Alg. 1 line 3: for i = 1..Tr (each i is an independent program)
+    for rows in row_blocks:  # FA2 Alg. 1 line 3: for i = 1..Tr (each i is an independent program)
         r = slice(*rows)
         Q_i = q[..., r, :]  # line 4: load Q_i  (..., Br, d)
         o_tilde = np.zeros(lead + (rows[1] - rows[0], d_v))  # line 5: O_i = 0 on chip  (..., Br, d_v)
@@ -158,7 +158,7 @@ def flash2_backward(
     row_blocks, col_blocks, offset = _plan(q, k, block_q, block_k)
     L = np.where(np.isneginf(lse), 0.0, lse)  # a row that saw no key: all its P are masked to 0 anyway
 
-    D = np.sum(do * o, axis=-1)  # Alg. 2 line 4: D = rowsum(dO * O), once  (..., N_q)
+    D = np.sum(do * o, axis=-1)  # FA2 Alg. 2 line 4: D = rowsum(dO * O), once  (..., N_q)
     dq = np.zeros_like(q)  # line 3: dQ = 0 in HBM  (..., N_q, d)
     dk = np.zeros_like(k)  # (..., N_k, d)
     dv = np.zeros_like(v)  # (..., N_k, d_v)

@@ -39,7 +39,7 @@ from .._validate import as_float_array, positive_int
 from .naive import _check_qkv, _scale, causal_mask
 
 __all__ = ["attention", "conditional_attention", "ConditionalResult", "RowTrace", "trace_row",
-           "rescales", "running_max_changes", "LOG2_E"]
+           "rescales", "running_max_changes", "staircase_row", "LOG2_E"]
 
 LOG2_E = 1.0 / math.log(2.0)  # log2(e): e^s = 2^(s * log2 e)
 
@@ -123,6 +123,21 @@ class ConditionalResult:
     m_ref: np.ndarray
     l: np.ndarray
     max_p: float
+
+
+def staircase_row(steps: int = 10, rise: float = 1.0, block_size: int = 4, seed: int = 0) -> np.ndarray:
+    """A row whose block maxima rise by ``rise`` (log2 units) in each of ``steps`` blocks.
+
+    The running max changes steps - 1 times; with tau = 8 and rise = 1, only the last
+    block (max 9 above the first) exceeds the reference by more than 8: one rescale.
+    Shape (steps * block_size,); the other entries of each block lie below its max.
+    """
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for j in range(steps):
+        top = j * rise
+        blocks.append(np.r_[top, top - 1.0 - 3.0 * rng.random(block_size - 1)])
+    return np.concatenate(blocks)
 
 
 def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,

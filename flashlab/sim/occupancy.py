@@ -19,7 +19,7 @@ Two models for chapter 5 (FlashAttention-2 §3.2-3.3):
    With ``causal=True`` the programs differ in length (query block i visits about
    i + 1 key blocks); the schedule is then simulated program by program.
 
-2. **Inside one program** (:func:`warp_exchange`). The program's warps split a
+2. **Inside one program** (:func:`warp_exchange`, :func:`operand_reads`). The program's warps split a
    Br x Bc tile. v1 splits K/V across warps ("split-K"): each warp produces partial
    row maxima, sums and a partial O for *all* Br rows, which must be exchanged through
    shared memory and summed, with barriers in between. v2 splits Q ("split-Q"): each
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from .._validate import positive_float, positive_int
 
-__all__ = ["Schedule", "programs", "schedule", "warp_exchange"]
+__all__ = ["Schedule", "programs", "schedule", "warp_exchange", "operand_reads"]
 
 
 @dataclass(frozen=True)
@@ -169,3 +169,29 @@ def warp_exchange(scheme: str, Br: int, d: int, warps: int = 4, bytes_per_number
     written = warps * Br + warps * Br + warps * Br * d  # partial max, partial sum, partial O
     read = warps * (warps * Br) + warps * Br + warps * Br * d  # every warp reads all maxima; sums, O once
     return {"bytes_written": written * nb, "bytes_read": read * nb, "barriers": 3}
+
+
+def operand_reads(scheme: str, Br: int, Bc: int, d: int, warps: int = 4, bytes_per_number: int = 2) -> int:
+    """Shared-memory bytes the warps of one program read as matmul *operands* per K/V block.
+
+    Both schemes read their operands from shared memory; only split-K also exchanges
+    results (:func:`warp_exchange`). Per K/V block:
+
+        split-K   every warp reads all of Q_i (Br x d) for its slice of S = Q_i K_j^T,
+                  plus its own 1/warps of K_j and of V_j      -> warps Br d + 2 Bc d
+        split-Q   every warp keeps its Br / warps rows of Q_i in registers for the
+                  whole loop, and reads all of K_j and V_j     -> warps 2 Bc d
+
+    Parameters
+    ----------
+    scheme : "split_k" or "split_q".
+    Br, Bc : query rows and keys of the tile; d : head dimension; warps : warps per program.
+    bytes_per_number : 2 for 16-bit operands.
+    """
+    if scheme not in ("split_k", "split_q"):
+        raise ValueError(f"scheme must be 'split_k' or 'split_q'; got {scheme!r}")
+    Br, Bc, d, warps, nb = (positive_int(n, x) for n, x in (("Br", Br), ("Bc", Bc), ("d", d), ("warps", warps),
+                                                              ("bytes_per_number", bytes_per_number)))
+    if scheme == "split_k":
+        return (warps * Br * d + 2 * Bc * d) * nb
+    return warps * 2 * Bc * d * nb
