@@ -71,7 +71,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ._validate import as_float_array, positive_int
-from .reference.flash1 import block_sizes
+from .reference.flash1 import block_sizes, flash1_step
 
 __all__ = [
     "Counts",
@@ -420,15 +420,7 @@ def _flash(sram: SRAM, N: int, d: int, tau: float) -> None:
                     l_i, m_i = sram.load("l", r, to="registers"), sram.load("m", r, to="registers")
                     if sram.computing:
                         S_ij = tau * (Q_i @ K_j.T)  # line 9 (Br, Bc), never leaves the chip
-                        m_tilde = S_ij.max(axis=1)  # line 10
-                        P_tilde = np.exp(S_ij - m_tilde[:, None])
-                        l_tilde = P_tilde.sum(axis=1)
-                        m_new = np.maximum(m_i, m_tilde)  # line 11
-                        alpha, beta = np.exp(m_i - m_new), np.exp(m_tilde - m_new)
-                        l_new = alpha * l_i + beta * l_tilde
-                        numerator = (alpha * l_i)[:, None] * O_i + beta[:, None] * (P_tilde @ V_j)  # (Br, d)
-                        O_i[:] = numerator / l_new[:, None]  # line 12: O_i <- diag(l_new)^-1 (...)
-                        l_i, m_i = l_new, m_new
+                        O_i[:], l_i, m_i = flash1_step(O_i, l_i, m_i, S_ij, V_j)  # lines 10-13 (chapter 3)
                     sram.store("O", r, O_i)  # line 12: write O_i
                     sram.store("l", r, l_i)  # line 13
                     sram.store("m", r, m_i)

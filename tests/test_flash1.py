@@ -29,6 +29,7 @@ from flashlab.reference import (
     flash1_flops,
     flash1_forward,
 )
+from flashlab.reference.flash1 import flash1_step
 
 TOL = 1e-10
 
@@ -111,6 +112,22 @@ def test_rows_that_see_no_key():
         o, m, l = flash1_forward(q, k, v, 16, causal=True)
     assert np.all(np.isneginf(m[:4])) and np.all(l[:4] == 0) and np.all(o[:4] == 0)
     np.testing.assert_allclose(o, attention(q, k, v, causal=True), rtol=TOL, atol=TOL)
+
+
+def test_step_folds_tiles_into_the_normalised_state():
+    """flash1_step (Alg. 1 lines 10-13) from the empty state, tile by tile, gives attention;
+    a row whose scores are all -inf stays (O, l, m) = (0, 0, -inf) without NaN."""
+    rng = np.random.default_rng(1)
+    q, k, v = rng.normal(size=(5, 4)), rng.normal(size=(9, 4)), rng.normal(size=(9, 3))
+    state = (np.zeros((5, 3)), np.zeros(5), np.full(5, -np.inf))
+    for start in range(0, 9, 4):  # tiles of 4, 4 and a ragged 1
+        state = flash1_step(*state, 3 * q @ k[start:start + 4].T, v[start:start + 4])
+    np.testing.assert_allclose(state[0], attention(q, k, v, scale=3), rtol=TOL, atol=TOL)
+    S = np.array([[-np.inf, -np.inf], [0.0, -np.inf]])
+    with np.errstate(all="raise"):
+        O, l, m = flash1_step(np.zeros((2, 3)), np.zeros(2), np.full(2, -np.inf), S, v[:2])
+    assert np.all(O[0] == 0) and l[0] == 0 and np.isneginf(m[0])
+    np.testing.assert_allclose(O[1], v[0], rtol=TOL, atol=TOL)
 
 
 # ---------------------------------------------------------------- backward

@@ -4,7 +4,8 @@
 above, and every array that crosses the boundary between them. (a) Standard
 attention runs three kernels; the N x N matrices S and P are each written to HBM
 and read back, four trips of N^2 numbers. (b) FlashAttention runs one fused kernel;
-only the N x d arrays Q, K, V, O (and the 2N numbers m, l) cross the boundary.
+only the N x d arrays Q, K, V, O (and the 2N numbers m, l) cross the boundary,
+and v1 reads and writes O, m, l once per outer step (Tc times).
 The sizes printed on the figure are computed for the ``n`` and ``d`` given.
 
 ``tiling`` (figure 5; FlashAttention paper Fig. 1, middle) draws Q split into Tr
@@ -135,7 +136,9 @@ def dataflow(n: int = 4096, d: int = 64) -> Figure:
             _arrow(ax, (x + 2.5, 4.08), (x + 2.95, 4.08), _BLUE, 1.3)
     for x_from, x_to, name in ((1.1, 1.5, "$Q_i$"), (3.1, 3.2, "$K_j$"), (5.1, 4.8, "$V_j$")):
         _arrow(ax, (x_from, hbm_y + h_small), (x_to, 3.3), _BLUE, 1.3, name, 0.55, 0.08)
-    _arrow(ax, (8.2, 3.3), (8.2, hbm_y + h_small), _GREEN, 1.3, r"$O_i, m_i, \ell_i$", 0.5, 0.12)
+    _arrow(ax, (7.7, hbm_y + h_small), (7.7, 3.3), _GREEN, 1.3, r"read $O_i, m_i, \ell_i$", 0.82, -0.1, "right")
+    _arrow(ax, (8.7, 3.3), (8.7, hbm_y + h_small), _GREEN, 1.3, "write", 0.18, 0.1)
+    ax.text(8.2, 1.45, "v1: read and\nwritten $T_c$\ntimes", ha="center", va="bottom", fontsize=8, color=_GREEN)
     ax.text(-0.2, -0.45, r"N×N traffic: 0 trips ($S_{ij}$ and $\tilde P_{ij}$ live and die in SRAM)" "\n"
             "N×d traffic: Q, K, V, O only (v1 re-reads some of them; chapter 4 counts it)",
             ha="left", va="top", fontsize=10, color=_INK)
@@ -230,18 +233,19 @@ def tiling(n: int = 512, d: int = 64, sram_size: int = 32768, i: int = 3, j: int
         (f"$\\ell_{i}, m_{i}$", f"{Br} each", _GREEN),
         (f"$S_{{{i}{j}}} \\to \\tilde P_{{{i}{j}}}$", f"{Br}×{Bc}", _ORANGE),
     ]
-    ax.add_patch(FancyBboxPatch((sx, 0.9), 3.9, 6.4, boxstyle="round,pad=0.1", fc=_SRAM_FILL, ec=_BLUE, lw=1.5))
-    ax.text(sx + 1.95, 1.3, f"in SRAM at step i = {i}, j = {j}", ha="center", va="center", fontsize=10.5,
+    ax.add_patch(FancyBboxPatch((sx, 0.9), 4.3, 6.4, boxstyle="round,pad=0.1", fc=_SRAM_FILL, ec=_BLUE, lw=1.5))
+    ax.text(sx + 2.15, 1.3, f"on chip at step i = {i}, j = {j}", ha="center", va="center", fontsize=10,
             fontweight="bold", color=_BLUE)
     for k, (name, size, fc) in enumerate(sram):
         y = 1.85 + 0.85 * k
         ax.add_patch(Rectangle((sx + 0.2, y), 0.35, 0.5, fc=fc, ec="0.4"))
         ax.text(sx + 0.7, y + 0.25, f"{name}: {size}", ha="left", va="center", fontsize=9.5)
-    total = 2 * Bc * d + 2 * Br * d + 2 * Br + Br * Bc
-    ax.text(sx + 1.95, 6.65, f"{total:,} numbers (M = {sram_size:,}):\nthe rule fills SRAM,\nup to small terms",
+    tiles = 2 * Bc * d + 2 * Br * d  # Q_i, K_j, V_j, O_i: what the rule budgets
+    ax.text(sx + 2.15, 6.6, f"$Q_{i}, K_{j}, V_{j}, O_{i}$: {tiles:,} ≤ M = {sram_size:,}\n(the rule's budget; chapter 4's SRAM)\n"
+            f"+ $S_{{{i}{j}}}$, $\\ell_{i}, m_{i}$: {Br * Bc + 2 * Br:,} more (registers)",
             ha="center", va="center", fontsize=8.5, color="0.3")
 
-    ax.set_xlim(xl - 0.9, sx + 4.2)
+    ax.set_xlim(xl - 0.9, sx + 4.6)
     ax.set_ylim(8 + gap + 0.45 + w + 0.3, -gap - w - 1.0)
     ax.axis("off")
     ax.set_title(f"Figure 5. Tiling in Algorithm 1: N = {n}, d = {d}, M = {sram_size:,} → Br = {Br}, Bc = {Bc}, "

@@ -23,6 +23,9 @@ writes it:
     12          O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
     13          l_i <- l_new,  m_i <- m_new                                 written to HBM
 
+:func:`flash1_step` is lines 10-13 for one tile; :func:`flash1_forward` runs it inside the
+two loops, and so does the simulated memory of chapter 4 (:mod:`flashlab.memory`).
+
 Note the loop order (K/V outside, Q inside) and line 12: v1 keeps O_i *normalised*
 after every step, so each step reads O_i, l_i, m_i from HBM and writes them back.
 FlashAttention-2 (chapter 5) swaps the loops and divides by l once at the end.
@@ -52,7 +55,7 @@ import numpy as np
 from .._validate import positive_int
 from .naive import _check_output_like, _check_qkv, _scale
 
-__all__ = ["block_sizes", "flash1_forward", "flash1_backward", "flash1_block_counts", "flash1_flops"]
+__all__ = ["block_sizes", "flash1_step", "flash1_forward", "flash1_backward", "flash1_block_counts", "flash1_flops"]
 
 
 def block_sizes(sram_size: int, d: int) -> tuple[int, int]:
@@ -125,6 +128,48 @@ def flash1_block_counts(n_q: int, n_k: int, d: int, sram_size: int, causal: bool
     return len(tiles) - skipped, skipped
 
 
+def flash1_step(
+    O_i: np.ndarray, l_i: np.ndarray, m_i: np.ndarray, S_ij: np.ndarray, V_j: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One inner step of Algorithm 1, lines 10-13: fold one tile of scores into a query block's state.
+
+    v1 stores the state normalised: O_i = o_tilde / l_i (chapter 2's unnormalised
+    output divided by the row sum). The step
+
+        m~_ij = rowmax(S_ij),  P~_ij = exp(S_ij - m~_ij),  l~_ij = rowsum(P~_ij)      line 10
+        m_new = max(m_i, m~_ij),  l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij  line 11
+        O_new = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)  line 12
+
+    returns (O_new, l_new, m_new), which line 13 (and line 12 for O) writes back to HBM.
+    A row whose scores are all -inf so far keeps O = 0, l = 0, m = -inf (no NaN).
+
+    Parameters
+    ----------
+    O_i : array (..., Br, d_v)   the stored, normalised output of the query block
+    l_i, m_i : arrays (..., Br)  the stored row sums and row maxima (0 and -inf before the first tile)
+    S_ij : array (..., Br, Bc)   the tile of scores, already scaled by tau (and masked with -inf)
+    V_j : array (..., Bc, d_v)   the value block of the tile
+
+    Returns
+    -------
+    (O_new, l_new, m_new) with the shapes of (O_i, l_i, m_i).
+    """
+    m_tilde = np.max(S_ij, axis=-1)  # line 10: m~_ij = rowmax(S_ij)  (..., Br)
+    m_tilde_ref = np.where(np.isneginf(m_tilde), 0.0, m_tilde)  # masked row: exp(-inf - 0) = 0, not NaN
+    P_tilde = np.exp(S_ij - m_tilde_ref[..., None])  # line 10: P~_ij = exp(S_ij - m~_ij)  (..., Br, Bc)
+    l_tilde = np.sum(P_tilde, axis=-1)  # line 10: l~_ij = rowsum(P~_ij)  (..., Br)
+    m_new = np.maximum(m_i, m_tilde)  # line 11: m_new = max(m_i, m~_ij)
+    m_new_ref = np.where(np.isneginf(m_new), 0.0, m_new)  # no key seen yet: keep factors at 0
+    alpha = np.exp(m_i - m_new_ref)  # e^(m_i - m_new), rescales the old state
+    beta = np.exp(m_tilde - m_new_ref)  # e^(m~_ij - m_new), rescales this tile
+    l_new = alpha * l_i + beta * l_tilde  # line 11
+    numerator = (l_i * alpha)[..., None] * O_i + beta[..., None] * (P_tilde @ V_j)  # line 12  (..., Br, d_v)
+    O_new = np.divide(  # line 12: O_i <- diag(l_new)^-1 (...)
+        numerator, l_new[..., None], out=np.zeros_like(numerator), where=l_new[..., None] > 0
+    )
+    return O_new, l_new, m_new  # line 13: l_i <- l_new, m_i <- m_new
+
+
 def flash1_forward(
     q, k, v, sram_size: int, causal: bool = False, scale: float | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -164,20 +209,7 @@ def flash1_forward(
             S_ij = tau * (Q_i @ np.swapaxes(K_j, -1, -2))  # line 9: S_ij = tau Q_i K_j^T  (..., Br, Bc)
             if causal:
                 S_ij = np.where(_block_mask(rows, cols, offset), S_ij, -np.inf)  # Alg. 2: mask(S_ij)
-            m_tilde = np.max(S_ij, axis=-1)  # line 10: m~_ij = rowmax(S_ij)  (..., Br)
-            m_tilde_ref = np.where(np.isneginf(m_tilde), 0.0, m_tilde)  # masked row: exp(-inf - 0) = 0, not NaN
-            P_tilde = np.exp(S_ij - m_tilde_ref[..., None])  # line 10: P~_ij = exp(S_ij - m~_ij)  (..., Br, Bc)
-            l_tilde = np.sum(P_tilde, axis=-1)  # line 10: l~_ij = rowsum(P~_ij)  (..., Br)
-            m_new = np.maximum(m_i, m_tilde)  # line 11: m_new = max(m_i, m~_ij)
-            m_new_ref = np.where(np.isneginf(m_new), 0.0, m_new)  # no key seen yet: keep factors at 0
-            alpha = np.exp(m_i - m_new_ref)  # e^(m_i - m_new), rescales the old state
-            beta = np.exp(m_tilde - m_new_ref)  # e^(m~_ij - m_new), rescales this tile
-            l_new = alpha * l_i + beta * l_tilde  # line 11
-            numerator = (l_i * alpha)[..., None] * O_i + beta[..., None] * (P_tilde @ V_j)  # line 12  (..., Br, d_v)
-            o[..., r, :] = np.divide(  # line 12: O_i <- diag(l_new)^-1 (...), written to HBM
-                numerator, l_new[..., None], out=np.zeros_like(numerator), where=l_new[..., None] > 0
-            )
-            l[..., r], m[..., r] = l_new, m_new  # line 13: l_i <- l_new, m_i <- m_new
+            o[..., r, :], l[..., r], m[..., r] = flash1_step(O_i, l_i, m_i, S_ij, V_j)  # lines 10-13, to HBM
     return o, m, l
 
 
