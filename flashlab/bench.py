@@ -49,11 +49,11 @@ HEAD_SIZE_TOTAL = 2048
 
 
 def naive_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """The three steps as three separate operations, S and P materialised in memory.
+    """Attention as people write it by hand: four operations, S and P materialised in memory.
 
-    q, k, v: (B, H, N, d) -> o: (B, H, N, d). Each step reads its input from and
-    writes its output to device memory (HBM on a GPU): exactly the data flow that
-    FlashAttention removes."""
+    q, k, v: (B, H, N, d) -> o: (B, H, N, d). Q K^T, the scaling by 1/sqrt(d), the softmax
+    and P V each read their input from and write their output to device memory (HBM on
+    a GPU): exactly the data flow that FlashAttention removes."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, N, N)  write S
     if causal:

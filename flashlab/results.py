@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +42,10 @@ class Recorded:
     def provenance(self) -> str:
         """One sentence saying where, when and how the numbers were measured."""
         m = self.meta
+        commit = re.sub(r"\b([0-9a-f]{10})[0-9a-f]{30}\b", r"\1", str(m["commit"]))  # short hashes
         return (
             f"Recorded on {m['gpu']} (driver {m['driver']}, torch {m['torch']}, triton {m['triton']}) "
-            f"on {m['date']} by `{m['command']}` at commit {str(m['commit'])[:10]}."
+            f"on {m['date']} by `{m['command']}` at commit {commit}."
         )
 
     def where(self, **conditions: object) -> list[dict[str, object]]:
