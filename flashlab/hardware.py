@@ -280,41 +280,29 @@ B200 = GPU(
     },
 )
 
-B300 = GPU(
+# Blackwell Ultra keeps the B200's SM and tensor cores; it has more SMs and memory and
+# twice the exponential throughput per SM.
+_B300_CLOCK = 2250 * TERA / (160 * 8192)
+B300 = replace(
+    B200,
     name="B300",
     arch="Blackwell Ultra (sm_103)",
-    year=2025,
     sm_count=160,
-    sram_per_sm=256 * KB,
     hbm_capacity=288 * GB,
-    hbm_bandwidth=8.0 * TB,
-    tensor_flops={"fp16": 2250 * TERA, "bf16": 2250 * TERA, "fp8": 4500 * TERA},
-    fp32_flops=75 * TERA,
-    clock_hz=2250 * TERA / (160 * 8192),
-    mma_flops_per_cycle=8192,
+    clock_hz=_B300_CLOCK,
     mufu_exp_per_cycle=32,
-    smem_bytes_per_cycle=128,
-    tmem_per_sm=256 * KB,
-    sram_bandwidth=160 * 128 * (2250 * TERA / (160 * 8192)),
-    register_file_per_sm=256 * KB,
-    smem_max_per_sm=228 * KB,
+    sram_bandwidth=160 * 128 * _B300_CLOCK,
     sources={
+        **{key: "same SM design as B200 -- " + text for key, text in B200.sources.items()},
         "sm_count": "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (2025): 160 SMs",
-        "sram_per_sm": "same SM design as B200: CUDA C++ Programming Guide, compute capability 10.x (10.3 for B300): "
-        "a unified L1 data cache and shared memory of 256 KB per SM",
-        "smem_max_per_sm": "same SM design as B200: CUDA C++ Programming Guide, compute capability 10.x: shared "
-        "memory configurable up to 228 KB per SM",
         "hbm_capacity": "NVIDIA HGX B300 datasheet: 288 GB HBM3e per GPU",
         "hbm_bandwidth": "NVIDIA HGX B300 datasheet: 8 TB/s per GPU",
         "tensor_flops": "NVIDIA HGX B300 datasheet: dense FP16/BF16 2.25 PFLOPS, FP8 4.5 PFLOPS per GPU (as B200)",
         "fp32_flops": "NVIDIA HGX B300 datasheet: 75 TFLOPS FP32 per GPU",
         "clock_hz": "derived: 2250 TFLOPS / (160 SMs x 8192 FLOPs/cycle)",
-        "mma_flops_per_cycle": "same tensor core as B200: " + _FA4_TABLE,
         "mufu_exp_per_cycle": "FlashAttention-4 paper, as quoted in the seed book §5.8: B300 doubles MUFU exp to 32 per SM per cycle",
-        "smem_bytes_per_cycle": "same SM design as B200: " + _FA4_TABLE,
         "tmem_per_sm": "'Inside NVIDIA Blackwell Ultra': 256 KB TMEM per SM (40 MB over 160 SMs)",
         "sram_bandwidth": "derived: 160 SMs x 128 B/cycle x clock",
-        "register_file_per_sm": _REGISTERS + " (compute capability 10.x)",
     },
 )
 

@@ -14,11 +14,19 @@ The interpreter is slow and meant for small sizes and for teaching.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from ._common import INTERPRET, LN2
+from ._common import (
+    INTERPRET,
+    LN2,
+    MAX_HEAD_DIM,
+    SUPPORTED_DTYPES,
+    check_head_dim,
+    check_runnable,
+    check_scale,
+    check_tensors,
+)
 from .backward import backward as _backward
 from .decoding import choose_num_splits, combine_splits, flash_decode
 from .forward import forward as _forward
@@ -34,23 +42,9 @@ __all__ = [
     "MAX_HEAD_DIM",
 ]
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
-
-
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> float:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, seq_len, head_dim); got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must have dtype float16, bfloat16 or float32; got {t.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"q and {name} must be on the same device; got q on {q.device}, {name} on {t.device}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"q and {name} must have the same dtype; got q {q.dtype}, {name} {t.dtype}")
+    layout = "(batch, heads, seq_len, head_dim)"
+    check_tensors(q, layout, k=(k, layout), v=(v, layout))
     B, H, _, d = q.shape
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
@@ -58,22 +52,13 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | Non
         raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
     if k.shape[3] != d:
         raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
-    if not 1 <= d <= MAX_HEAD_DIM:
-        raise ValueError(f"head dimension d must be between 1 and {MAX_HEAD_DIM}; got {d}")
+    check_head_dim(d)
     if k.shape[1] < 1 or H % k.shape[1] != 0:
         raise ValueError(
             f"the number of K/V heads must divide the number of query heads (GQA/MQA); got {H} query heads and {k.shape[1]} K/V heads"
         )
-    if q.device.type != "cuda" and not INTERPRET:
-        raise ValueError(
-            f"q is on {q.device}: the Triton kernels need a CUDA GPU, or set TRITON_INTERPRET=1 before "
-            "importing flashlab.kernels to run them on the CPU under Triton's interpreter"
-        )
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
-    return float(scale)
+    check_runnable(q.device)
+    return check_scale(scale, d)
 
 
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:

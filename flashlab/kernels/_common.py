@@ -13,8 +13,10 @@ which is how the kernels skip the upper triangle.
 
 from __future__ import annotations
 
+import math
 import os
 
+import torch
 import triton
 
 # Read once, when flashlab.kernels is imported: @triton.jit reads it at decoration time.
@@ -84,3 +86,48 @@ def causal_key_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: in
     hi = min(max(start_m * block_m + block_m + causal_offset, 0), n_k)
     lo = min((max(start_m * block_m + causal_offset + 1, 0) // block_n) * block_n, full_n)
     return lo, hi
+
+
+# ----------------------------------------------------------------------------- input checks
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def check_tensors(q: torch.Tensor, q_layout: str, **others: tuple[torch.Tensor, str]) -> None:
+    """q and each named tensor (given with its expected layout) must be 4-D tensors of a supported
+    dtype, on q's device and of q's dtype."""
+    for name, (t, layout) in {"q": (q, q_layout), **others}.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {layout}; got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must have dtype float16, bfloat16 or float32; got {t.dtype}")
+    for name, (t, _) in others.items():
+        if t.device != q.device:
+            raise ValueError(f"q and {name} must be on the same device; got q on {q.device}, {name} on {t.device}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"q and {name} must have the same dtype; got q {q.dtype}, {name} {t.dtype}")
+
+
+def check_head_dim(d: int) -> None:
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dimension d must be between 1 and {MAX_HEAD_DIM}; got {d}")
+
+
+def check_runnable(device: torch.device) -> None:
+    """The kernels run on a CUDA GPU, or on the CPU under the interpreter."""
+    if device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            f"the tensors are on {device}: the Triton kernels need a CUDA GPU, or set TRITON_INTERPRET=1 before "
+            "importing flashlab.kernels to run them on the CPU under Triton's interpreter"
+        )
+
+
+def check_scale(scale: float | None, d: int) -> float:
+    """The softmax scale: 1/sqrt(d) by default, else a positive finite number."""
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
+    return float(scale)

@@ -56,14 +56,12 @@ import triton
 import triton.language as tl
 
 from .._validate import positive_int
-from ._common import INTERPRET, LN2, LOG2E
+from ._common import INTERPRET, LN2, LOG2E, check_head_dim, check_runnable, check_scale, check_tensors
 
 __all__ = ["flash_decode", "combine_splits", "choose_num_splits", "DEFAULT_NUM_SMS", "MAX_SPLITS"]
 
 DEFAULT_NUM_SMS = 132  # H100 / H200 SXM: the split count targets these when no CUDA device is present
 MAX_SPLITS = 128  # more splits than this only adds combine work (flash-attn uses the same cap)
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_HEAD_DIM = 256
 
 
 # --------------------------------------------------------------------------- split kernel
@@ -274,7 +272,7 @@ def combine_splits(o_parts: torch.Tensor, lse2_parts: torch.Tensor,
                          f"got shape {tuple(lse2_parts.shape)}, dtype {lse2_parts.dtype}")
     if lse2_parts.device != o_parts.device:
         raise ValueError(f"o_parts and lse2_parts must be on the same device; got {o_parts.device} and {lse2_parts.device}")
-    _check_runnable(o_parts.device)
+    check_runnable(o_parts.device)
     B, H, _, N_Q, D = o_parts.shape
     o = torch.empty((B, H, N_Q, D), device=o_parts.device, dtype=dtype)
     lse2 = torch.empty((B, H, N_Q), device=o_parts.device, dtype=torch.float32)
@@ -329,14 +327,6 @@ def _num_sms(device: torch.device) -> int:
 
 
 # --------------------------------------------------------------------------- input checks
-def _check_runnable(device: torch.device) -> None:
-    if device.type != "cuda" and not INTERPRET:
-        raise ValueError(
-            f"the tensors are on {device}: the Triton kernels need a CUDA GPU, or set TRITON_INTERPRET=1 before "
-            "importing flashlab.kernels to run them on the CPU under Triton's interpreter"
-        )
-
-
 def _check(q, k_cache, v_cache, cache_seqlens, block_table, page_size, num_splits, scale, validate) -> float:
     """Validate the arguments of :func:`flash_decode` (the values of cache_seqlens and block_table
     only if ``validate``); return the scale."""
@@ -345,25 +335,14 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, page_size, num_split
                          f"got block_table={'a tensor' if block_table is not None else None}, page_size={page_size!r}")
     paged = block_table is not None
     layout = "(num_pages, page_size, H_kv, d)" if paged else "(B, H_kv, N_max, d)"
-    for name, t, what in (("q", q, "(B, H, n_q, d)"), ("k_cache", k_cache, layout), ("v_cache", v_cache, layout)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D {what}; got shape {tuple(t.shape)}")
-        if t.dtype not in _SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must have dtype float16, bfloat16 or float32; got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"q and {name} must be on the same device; got q on {q.device}, {name} on {t.device}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"q and {name} must have the same dtype; got q {q.dtype}, {name} {t.dtype}")
+    check_tensors(q, "(B, H, n_q, d)", k_cache=(k_cache, layout), v_cache=(v_cache, layout))
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape; got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     B, H, n_q, d = q.shape
     h_kv = k_cache.shape[2] if paged else k_cache.shape[1]
     if k_cache.shape[3] != d:
         raise ValueError(f"q and k_cache must have the same head dimension d; got q.shape={tuple(q.shape)}, k_cache.shape={tuple(k_cache.shape)}")
-    if not 1 <= d <= _MAX_HEAD_DIM:
-        raise ValueError(f"head dimension d must be between 1 and {_MAX_HEAD_DIM}; got {d}")
+    check_head_dim(d)
     if n_q < 1:
         raise ValueError(f"q must hold at least one new token (n_q >= 1); got q.shape={tuple(q.shape)}")
     if h_kv < 1 or H % h_kv != 0:
@@ -403,11 +382,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, page_size, num_split
                                  f"got block_table[{b}, {p}] = {int(block_table[b, p])}")
     if num_splits is not None:
         positive_int("num_splits", num_splits)
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale) or scale <= 0):
-        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
-    _check_runnable(q.device)
-    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = check_scale(scale, d)
+    check_runnable(q.device)
+    return scale
 
 
 # --------------------------------------------------------------------------- entry point
