@@ -39,6 +39,7 @@ FIGURES: dict[str, str] = {
     "fig07_pingpong": "fa3:pingpong",
     "schedules_utilisation": "fa3:schedules_utilisation",
     "fp8_incoherent": "fa3:fp8_incoherent",
+    "beyond_block_masks": "beyond:block_masks",
 }
 
 

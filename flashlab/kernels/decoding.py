@@ -306,8 +306,8 @@ def choose_num_splits(programs: int, key_blocks: int, num_sms: int = DEFAULT_NUM
 
     is within 85 % of the best — flash-attn's ``num_splits_heuristic`` (flash_api.cpp): few
     splits (less combine work) unless more of them fill the last wave much better.
-    Example: B = 4, H_kv = 8, n_q·GROUP <= 64 on 132 SMs: 32 programs, s = 8 -> 256 programs
-    (measured on an H200 at a 32k cache, d = 128, bf16: s = 8 reads K and V at 3.8 TB/s, s = 4 at 2.7 TB/s).
+    Example: B = 4, H_kv = 8, n_q·GROUP <= 64 on 132 SMs: 32 programs, s = 8 -> 256 programs.
+    (The rule has not yet been timed against other split counts in a recorded run.)
     """
     programs, key_blocks, num_sms = (positive_int(n, x) for n, x in
                                      (("programs", programs), ("key_blocks", key_blocks), ("num_sms", num_sms)))
