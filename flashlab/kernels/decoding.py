@@ -57,6 +57,7 @@ import triton.language as tl
 
 from .._validate import positive_int
 from ._common import INTERPRET, LN2, LOG2E, check_head_dim, check_runnable, check_scale, check_tensors
+from .forward import online_softmax_step
 
 __all__ = ["flash_decode", "combine_splits", "choose_num_splits", "DEFAULT_NUM_SMS", "MAX_SPLITS"]
 
@@ -108,19 +109,7 @@ def _attend_chunk(
         if MASKED:  # token i sees key n iff n <= seqlen - n_q + i (and n is inside this chunk)
             visible = n_ok[None, :] & (n[None, :] <= offs_i[:, None] + causal_offset)
             qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # m_new = max(m, rowmax(S_j)), S = qk·scale·log2 e
-        m_ref = m_new
-        if MASKED:
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
-        alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
-        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])  # P_j = exp2(S_j - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_j)
-        acc = acc * alpha[:, None]  # O = alpha O ...
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")  # ... + P_j V_j
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED, IEEE)  # as forward.py
     return acc, l_i, m_i
 
 

@@ -36,6 +36,29 @@ _CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16,
 
 
 @triton.jit
+def online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED: tl.constexpr, IEEE: tl.constexpr):
+    """Fold one block into the running state (FA2 Alg. 1 lines 9-10), in log2 units.
+
+    qk: raw scores Q_i K_j^T (BLOCK_M, BLOCK_N), masked entries already -inf; v: V_j
+    (BLOCK_N, BLOCK_D). Shared by the forward kernel and the decoding kernel."""
+    # S_ij = qk * qk_scale in log2 units; the scale is applied inside the max and the
+    # exponent (one fused multiply-add per score) rather than as a separate pass.
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # m_new = max(m, rowmax(S_ij))
+    m_ref = m_new
+    if MASKED:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
+    alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
+    p = tl.math.exp2(qk * qk_scale - m_ref[:, None])  # P_ij = exp2(S_ij - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij)
+    acc = acc * alpha[:, None]  # O = alpha O ...
+    if IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")  # ... + P_ij V_j
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _attend(
     acc, l_i, m_i, q,  # running state (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,); the query tile
     k_ptrs, v_ptrs, stride_kn, stride_vn,
@@ -71,21 +94,7 @@ def _attend(
             if CAUSAL:
                 visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
             qk = tl.where(visible, qk, float("-inf"))
-        # S_ij = qk * qk_scale in log2 units; the scale is applied inside the max and the
-        # exponent (one fused multiply-add per score) rather than as a separate pass.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # m_new = max(m, rowmax(S_ij))
-        m_ref = m_new
-        if MASKED:
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
-        alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
-        p = tl.math.exp2(qk * qk_scale - m_ref[:, None])  # P_ij = exp2(S_ij - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij)
-        acc = acc * alpha[:, None]  # O = alpha O ...
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")  # ... + P_ij V_j
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED, IEEE)
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
