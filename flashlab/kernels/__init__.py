@@ -2,6 +2,8 @@
 
     from flashlab.kernels import flash_attention
     o = flash_attention(q, k, v, causal=True)        # q (B, H, N_q, d), k and v (B, H_kv, N_k, d)
+    o = flash_attention(q, k, v, window=(256, 0))    # sliding window: 256 keys back, none ahead
+    o = flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)   # packed (total, H, d), no padding
 
 - :mod:`.forward`  — the forward kernel (one program per query block and head)
 - :mod:`.backward` — preprocess D, a dK/dV kernel over key blocks, a dQ kernel over query blocks
@@ -22,10 +24,12 @@ from ._common import (
     LN2,
     MAX_HEAD_DIM,
     SUPPORTED_DTYPES,
+    check_cu_seqlens,
     check_head_dim,
     check_runnable,
     check_scale,
     check_tensors,
+    check_window,
 )
 from .backward import backward as _backward
 from .decoding import choose_num_splits, combine_splits, flash_decode
@@ -33,6 +37,7 @@ from .forward import forward as _forward
 
 __all__ = [
     "flash_attention",
+    "flash_attention_varlen",
     "FlashAttentionFunction",
     "flash_decode",
     "combine_splits",
@@ -42,20 +47,21 @@ __all__ = [
     "MAX_HEAD_DIM",
 ]
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> float:
-    layout = "(batch, heads, seq_len, head_dim)"
-    check_tensors(q, layout, k=(k, layout), v=(v, layout))
-    B, H, _, d = q.shape
-    if k.shape[0] != B or v.shape[0] != B:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, varlen: bool = False) -> float:
+    layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, heads, seq_len, head_dim)"
+    check_tensors(q, layout, k=(k, layout), v=(v, layout), dims=3 if varlen else 4)
+    d = q.shape[-1]
+    if not varlen and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
         raise ValueError(f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[3] != d:
+    if k.shape[-1] != d:
         raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
     check_head_dim(d)
-    if k.shape[1] < 1 or H % k.shape[1] != 0:
+    H, H_KV = q.shape[1], k.shape[1]
+    if H_KV < 1 or H % H_KV != 0:
         raise ValueError(
-            f"the number of K/V heads must divide the number of query heads (GQA/MQA); got {H} query heads and {k.shape[1]} K/V heads"
+            f"the number of K/V heads must divide the number of query heads (GQA/MQA); got {H} query heads and {H_KV} K/V heads"
         )
     check_runnable(q.device)
     return check_scale(scale, d)
@@ -67,21 +73,24 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """o = softmax(scale * q k^T (+ causal mask)) v, with the FlashAttention-2 backward."""
+    """o = softmax(scale * q k^T (+ causal / window mask)) v, with the FlashAttention-2 backward.
+    For varlen, q, k, v are packed (1, H, total, d) views and ``cu_seqlens`` says where each
+    sequence starts."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float):
+    def forward(ctx, q, k, v, causal: bool, scale: float, window, deterministic: bool, cu_seqlens):
         q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-        o, lse2 = _forward(q, k, v, causal, scale)
+        o, lse2 = _forward(q, k, v, causal, scale, window=window, cu_seqlens=cu_seqlens)
         ctx.save_for_backward(q, k, v, o, lse2)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.window, ctx.deterministic, ctx.cu_seqlens = causal, scale, window, deterministic, cu_seqlens
         return o, lse2
 
     @staticmethod
     def backward(ctx, do, _dlse2):
         q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = _backward(_unit_last_stride(do), q, k, v, o, lse2, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward(_unit_last_stride(do), q, k, v, o, lse2, ctx.causal, ctx.scale, window=ctx.window,
+                               deterministic=ctx.deterministic, cu_seqlens=ctx.cu_seqlens)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(
@@ -91,6 +100,8 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    window: tuple[int, int] | None = None,
+    deterministic: bool = True,
 ):
     """Exact attention by the FlashAttention-2 algorithm, differentiable.
 
@@ -102,13 +113,68 @@ def flash_attention(
         (query i sees key j iff j <= i + N_k - N_q); a row that sees no key gives 0.
     scale : multiplies q k^T; default 1/sqrt(d)
     return_lse : also return the row log-sum-exp (B, H, N_q), float32, natural log
+    window : (left, right) sliding window, flash-attn's convention: query i sees key j iff
+        i + off - left <= j <= i + off + right (off = N_k - N_q); -1 leaves a side unbounded.
+        Key blocks outside the window are never loaded. With causal, right is capped at 0.
+    deterministic : True (default) computes dQ in its own kernel, bit-identical from run to run;
+        False adds dQ contributions with atomic adds inside the dK/dV kernel (the paper's
+        single loop), whose summation order, and so whose last bits, vary between runs.
 
     Returns
     -------
     o : (B, H, N_q, d) in q's dtype, or ``(o, lse)``.
     """
     scale = _check(q, k, v, scale)
-    o, lse2 = FlashAttentionFunction.apply(q, k, v, bool(causal), scale)
+    window = check_window(window)
+    o, lse2 = FlashAttentionFunction.apply(q, k, v, bool(causal), scale, window, bool(deterministic), None)
     if return_lse:
         return o, lse2 * LN2  # log2 units -> natural log
+    return o
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+    window: tuple[int, int] | None = None,
+    deterministic: bool = True,
+):
+    """Attention over packed sequences of different lengths, without padding (flash-attn's
+    varlen interface), differentiable.
+
+    Sequence b owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and key rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` and attends only within itself; causal and
+    window are aligned bottom-right per sequence. The grid has ceil(max_seqlen_q / BLOCK_M)
+    query blocks per sequence and head; blocks past a short sequence's end exit at once.
+
+    Parameters
+    ----------
+    q : (total_q, H, d); k, v : (total_k, H_kv, d), H_kv dividing H
+    cu_seqlens_q, cu_seqlens_k : (B + 1,) int32 on q's device, [0, ..., total]
+    max_seqlen_q, max_seqlen_k : the longest sequence of each (ints; checked)
+    causal, scale, window, deterministic : as in :func:`flash_attention`
+
+    Returns
+    -------
+    o : (total_q, H, d), or ``(o, lse)`` with lse (H, total_q) float32, natural log.
+    """
+    scale = _check(q, k, v, scale, varlen=True)
+    window = check_window(window)
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q", q.device)
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q.device)
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences; got {cu_q.numel() - 1} and {cu_k.numel() - 1}")
+    packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731  (total, H, d) -> (1, H, total, d) view
+    o, lse2 = FlashAttentionFunction.apply(packed(q), packed(k), packed(v), bool(causal), scale, window,
+                                           bool(deterministic), (cu_q, cu_k, max_seqlen_q, max_seqlen_k))
+    o = o.squeeze(0).permute(1, 0, 2)  # back to (total_q, H, d)
+    if return_lse:
+        return o, lse2 * LN2
     return o

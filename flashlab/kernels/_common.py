@@ -18,6 +18,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 # Read once, when flashlab.kernels is imported: @triton.jit reads it at decoration time.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -75,17 +76,76 @@ def causal_key_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: in
         [lo, hi)    the diagonal, and the ragged last key block: masked
         [hi, n_k)   no row of the block sees these keys: skipped
 
-    ``hi`` is one past the last key the block's last row sees; ``lo`` is the first row's
+    ``hi`` is one past the last key the block's last (real) row sees; ``lo`` is the first row's
     last visible key plus one, rounded down to a multiple of ``block_n`` and at most the
     end of the last full key block. The Triton kernels (``_forward_kernel`` in forward.py,
-    the dQ kernel in backward.py) compute the same two lines with ``tl.minimum`` and
-    ``tl.maximum`` in place of ``min`` and ``max``. Pure Python, for teaching and tests.
+    the dQ kernel in backward.py) compute the same ranges through :func:`visible_range_tl`, the
+    general banded form (causal = a window unbounded on the left with right edge 0). Pure Python,
+    for teaching and tests.
     """
     causal_offset = n_k - n_q  # bottom-right alignment
     full_n = (n_k // block_n) * block_n  # end of the last full key block
-    hi = min(max(start_m * block_m + block_m + causal_offset, 0), n_k)
+    hi = min(max(min(start_m * block_m + block_m, n_q) + causal_offset, 0), n_k)
     lo = min((max(start_m * block_m + causal_offset + 1, 0) // block_n) * block_n, full_n)
     return lo, hi
+
+
+def window_bounds(causal: bool, window: tuple[int, int] | None, n_q: int, n_k: int) -> tuple[int, int]:
+    """The band of visible diagonals as the kernels take it: ``(left, right)`` with row i
+    seeing key j iff ``i + off - left <= j <= i + off + right``, ``off = n_k - n_q``
+    (bottom-right alignment). An unbounded side becomes ``n_q + n_k`` (wider than any
+    shape, small enough for int32 arithmetic); causal caps ``right`` at 0, as flash-attn does."""
+    big = n_q + n_k
+    left, right = (-1, -1) if window is None else window
+    left = big if left == -1 else left
+    right = big if right == -1 else right
+    if causal:
+        right = min(right, 0)
+    return left, right
+
+
+def visible_range(a0: int, a_block: int, n_self: int, lo_shift: int, hi_shift: int, n_other: int,
+                  b_block: int) -> tuple[int, int, int, int]:
+    """Block ranges of a banded mask, seen from one block of the *fixed* axis.
+
+    The fixed block holds indices ``a0 .. min(a0 + a_block, n_self) - 1``; index a sees the other axis's
+    indices b with ``a + lo_shift <= b <= a + hi_shift``. The other axis (length ``n_other``,
+    visited in blocks of ``b_block``) splits into
+
+        [start, in_lo)   seen by some of the block's indices      -> masked
+        [in_lo, in_hi)   whole blocks seen by all of them         -> no mask
+        [in_hi, end)     seen by some (and the ragged tail)       -> masked
+        outside          seen by none                             -> never loaded
+
+    Forward and dQ (rows fixed, keys visited): ``lo_shift = off - left``, ``hi_shift = off + right``.
+    dK/dV (keys fixed, rows visited): ``lo_shift = -(off + right)``, ``hi_shift = -(off - left)``.
+    Pure Python; the kernels compute the same lines with ``tl.minimum``/``tl.maximum``
+    (:func:`visible_range_tl`)."""
+    a1 = min(a0 + a_block, n_self) - 1  # the block's last real index
+    full = (n_other // b_block) * b_block  # end of the last whole block
+    start = (max(a0 + lo_shift, 0) // b_block) * b_block  # first block that any index sees
+    end = min(max(a1 + hi_shift + 1, 0), n_other)  # one past the last index any sees
+    start = min(start, end)
+    in_lo = ((max(a1 + lo_shift, 0) + b_block - 1) // b_block) * b_block  # first whole block all see
+    in_hi = min((max(a0 + hi_shift + 1, 0) // b_block) * b_block, full)  # end of the whole blocks all see
+    in_lo = min(max(in_lo, start), end)
+    in_hi = min(max(in_hi, in_lo), end)
+    return start, in_lo, in_hi, end
+
+
+@triton.jit
+def visible_range_tl(a0, A_BLOCK: tl.constexpr, n_self, lo_shift, hi_shift, n_other, B_BLOCK: tl.constexpr):
+    """:func:`visible_range` inside a kernel (same lines, tl.minimum/tl.maximum)."""
+    a1 = tl.minimum(a0 + A_BLOCK, n_self) - 1
+    full = (n_other // B_BLOCK) * B_BLOCK
+    start = (tl.maximum(a0 + lo_shift, 0) // B_BLOCK) * B_BLOCK
+    end = tl.minimum(tl.maximum(a1 + hi_shift + 1, 0), n_other)
+    start = tl.minimum(start, end)
+    in_lo = ((tl.maximum(a1 + lo_shift, 0) + B_BLOCK - 1) // B_BLOCK) * B_BLOCK
+    in_hi = tl.minimum((tl.maximum(a0 + hi_shift + 1, 0) // B_BLOCK) * B_BLOCK, full)
+    in_lo = tl.minimum(tl.maximum(in_lo, start), end)
+    in_hi = tl.minimum(tl.maximum(in_hi, in_lo), end)
+    return start, in_lo, in_hi, end
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -93,14 +153,14 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
-def check_tensors(q: torch.Tensor, q_layout: str, **others: tuple[torch.Tensor, str]) -> None:
-    """q and each named tensor (given with its expected layout) must be 4-D tensors of a supported
+def check_tensors(q: torch.Tensor, q_layout: str, dims: int = 4, **others: tuple[torch.Tensor, str]) -> None:
+    """q and each named tensor (given with its expected layout) must be ``dims``-D tensors (4 unless said) of a supported
     dtype, on q's device and of q's dtype."""
     for name, (t, layout) in {"q": (q, q_layout), **others}.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D {layout}; got shape {tuple(t.shape)}")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D {layout}; got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} must have dtype float16, bfloat16 or float32; got {t.dtype}")
     for name, (t, _) in others.items():
@@ -131,3 +191,33 @@ def check_scale(scale: float | None, d: int) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite number; got {scale!r}")
     return float(scale)
+
+
+def check_window(window: object) -> tuple[int, int] | None:
+    """``window`` = None or a pair (left, right) of ints >= -1 (-1: unbounded on that side)."""
+    if window is None:
+        return None
+    ok = isinstance(window, (tuple, list)) and len(window) == 2
+    ok = ok and all(isinstance(w, int) and not isinstance(w, bool) for w in window)
+    if not ok or min(window) < -1:
+        raise ValueError(f"window must be None or a pair (left, right) of integers >= -1 (-1 = unbounded); got {window!r}")
+    return int(window[0]), int(window[1])
+
+
+def check_cu_seqlens(name: str, cu: object, total: int, max_seqlen: object, max_name: str, device: torch.device) -> torch.Tensor:
+    """cu_seqlens: a 1-D int32 tensor [0, ..., total], non-decreasing, on ``device``; max_seqlen an
+    int at least the longest sequence. Returns it (int32, contiguous). Reads it back to the host
+    once to check it: a wrong cu_seqlens would otherwise read or write out of bounds silently."""
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D tensor of B + 1 sequence starts; got {cu!r:.80}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an int32 tensor; got {cu.dtype}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on q's device {device}; got {cu.device}")
+    host = cu.tolist()
+    if host[0] != 0 or host[-1] != total or any(b < a for a, b in zip(host, host[1:])):
+        raise ValueError(f"{name} must start at 0, never decrease and end at the token count {total}; got {host[:8]}{'...' if len(host) > 8 else ''}")
+    longest = max(b - a for a, b in zip(host, host[1:]))
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < longest:
+        raise ValueError(f"{max_name} must be an int >= the longest sequence ({longest}); got {max_seqlen!r}")
+    return cu.to(torch.int32).contiguous()

@@ -10,12 +10,15 @@
     dQ           one program per query block i, looping over key blocks j:
                      dQ_i += dS_ij K_j * scale                                      (line 15)
 
-Why two kernels rather than one with atomic adds? The paper's single loop adds each
-dQ_i contribution to HBM with an atomic add; splitting the work into a key-block pass
-(dK, dV) and a query-block pass (dQ) recomputes S and P twice but needs no atomics,
-so results are deterministic and every program writes only its own rows. For GQA,
-the dK/dV program of a K/V head loops over the GROUP query heads that share it, so
-their contributions are summed on chip, again without atomics.
+Two ways to get dQ. The paper's single loop (``deterministic=False`` here) adds each
+dQ_i contribution to an fp32 buffer in HBM with an atomic add from the dK/dV program
+(line 15 inside the key-block loop); floating-point addition is not associative and the
+order in which programs arrive changes from run to run, so the bits of dQ do too.
+The deterministic path (default) splits the work into a key-block pass (dK, dV) and a
+query-block pass (dQ): S and P are recomputed twice, but no atomics are needed and every
+program writes only its own rows, in a fixed order. For GQA, the dK/dV program of a K/V
+head loops over the GROUP query heads that share it, so their contributions are summed
+on chip, again without atomics.
 
 Glossary: D = rowsum(dO * O) (= rowsum(P * dP)); L = lse in log2 units; dS = gradient
 of the scores (打分的梯度).
@@ -27,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, Candidate, configs, launch_options, pruner
+from ._common import INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90. dK/dV programs own BLOCK_N keys and
 # stream BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys. The WIDE
@@ -57,12 +60,13 @@ def _preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_om, stride_od,
 
 
 @triton.jit
-def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
-                offs_n, offs_d, lo, hi, qk_scale, causal_offset,
+def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, stride_qm, stride_dm, stride_dqm, N_Q,
+                offs_n, offs_d, lo, hi, qk_scale, scale, N_K, diag_lo, diag_hi,
                 D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """Accumulate the contributions of query blocks [lo, hi) of one head to dK_j, dV_j.
-    Works on transposed tiles (keys along rows) so that dK_j, dV_j stay (BLOCK_N, BLOCK_D)."""
+                MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Accumulate the contributions of query blocks [lo, hi) of one head to dK_j, dV_j (and, with
+    ATOMIC_DQ, add each block's dS_ij K_j to dQ_i in HBM). Q, DO, LSE, DELTA, DQ point at this
+    head's row 0. Works on transposed tiles (keys along rows) so dK_j, dV_j stay (BLOCK_N, BLOCK_D)."""
     offs_m = tl.arange(0, BLOCK_M)
     d_ok = offs_d < D_HEAD
     for start_m in range(lo, hi, BLOCK_M):
@@ -75,11 +79,12 @@ def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, off_zh, N
             q_t = tl.load(Q + m[None, :] * stride_qm + offs_d[:, None])  # (BLOCK_D, BLOCK_M)
             do = tl.load(DO + m[:, None] * stride_dm + offs_d[None, :])  # (BLOCK_M, BLOCK_D)
         if MASKED:
-            lse = tl.load(LSE + off_zh * N_Q + m, mask=m < N_Q, other=0.0)
-            delta = tl.load(DELTA + off_zh * N_Q + m, mask=m < N_Q, other=0.0)
+            lse = tl.load(LSE + m, mask=m < N_Q, other=0.0)
+            delta = tl.load(DELTA + m, mask=m < N_Q, other=0.0)
+            lse = tl.where(lse == float("-inf"), 0.0, lse)  # a row that saw no key: its P is masked to 0 below
         else:
-            lse = tl.load(LSE + off_zh * N_Q + m)
-            delta = tl.load(DELTA + off_zh * N_Q + m)
+            lse = tl.load(LSE + m)
+            delta = tl.load(DELTA + m)
         if UPCAST:
             q_t = q_t.to(tl.float32)
             do = do.to(tl.float32)
@@ -89,9 +94,8 @@ def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, off_zh, N
             qk_t = tl.dot(k, q_t)
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])  # P_ij^T = exp2(S_ij - L_i): recomputed (line 11)
         if MASKED:
-            visible = m[None, :] < N_Q
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= m[None, :] + causal_offset)
+            diag = offs_n[:, None] - m[None, :]  # j - i
+            visible = (m[None, :] < N_Q) & (offs_n[:, None] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
             p_t = tl.where(visible, p_t, 0.0)
         if IEEE:
             dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")  # dV_j += P_ij^T dO_i (line 12)
@@ -104,72 +108,86 @@ def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, off_zh, N
             dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision="ieee")  # dK_j += dS^T Q_i (line 16)
         else:
             dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk)
+        if ATOMIC_DQ:  # line 15 as the paper writes it: dQ_i += dS_ij K_j, added to HBM atomically
+            if IEEE:
+                dq = tl.dot(tl.trans(ds_t), k, input_precision="ieee")
+            else:
+                dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k)
+            tl.atomic_add(DQ + m[:, None] * stride_dqm + offs_d[None, :], dq * scale,
+                          mask=(m[:, None] < N_Q) & d_ok[None, :], sem="relaxed")
     return dk, dv
 
 
-@triton.autotune(configs=_DKDV_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE", "GROUP"],
-                 prune_configs_by={"early_config_prune": pruner(DKDV_WIDE_CANDIDATES)})
+@triton.autotune(configs=_DKDV_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "ATOMIC_DQ", "IEEE", "GROUP"],
+                 prune_configs_by={"early_config_prune": pruner(DKDV_WIDE_CANDIDATES)},
+                 restore_value=["DQ"])  # tuning runs add into DQ: give the real run zeros back
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dm,
     stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-    H, GROUP, N_Q, N_K, qk_scale, scale,
-    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    stride_dqz, stride_dqh, stride_dqm, stride_lz, stride_lh,
+    H, GROUP, N_Q, N_K, qk_scale, scale, win_left, win_right,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_n = tl.program_id(0)
     off_zhkv = tl.program_id(1)
     H_KV = H // GROUP
     off_z, off_hkv = off_zhkv // H_KV, off_zhkv % H_KV
-    causal_offset = N_K - N_Q
-    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < D_HEAD)
-    k = tl.load(K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        q_start = tl.load(CU_Q + off_z)
+        k_start = tl.load(CU_K + off_z)
+        N_Q = tl.load(CU_Q + off_z + 1) - q_start
+        N_K = tl.load(CU_K + off_z + 1) - k_start
+    if start_n * BLOCK_N < N_K:
+        causal_offset = N_K - N_Q
+        diag_lo = causal_offset - win_left  # row i sees key j iff diag_lo <= j - i <= diag_hi
+        diag_hi = causal_offset + win_right
+        offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < D_HEAD)
+        k_rows = k_start + offs_n[:, None]
+        k = tl.load(K + off_z * stride_kz + off_hkv * stride_kh + k_rows * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + off_z * stride_vz + off_hkv * stride_vh + k_rows * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
-    # Query blocks that see this key block: [q_lo, q_mid) on the diagonal (masked),
-    # [q_mid, full_m) entirely (unmasked), [full_m, N_Q) the ragged tail (masked).
-    full_m = (N_Q // BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        q_lo = (tl.maximum(start_n * BLOCK_N - causal_offset, 0) // BLOCK_M) * BLOCK_M
-        q_all = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - causal_offset, 0)  # first row that sees the whole block
-        q_mid = tl.minimum(tl.maximum(((q_all + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, q_lo), full_m)
-        q_lo = tl.minimum(q_lo, q_mid)
-    else:
-        q_lo = 0
-        q_mid = 0
-    tail = tl.maximum(full_m, q_mid)
-    for g in range(0, GROUP):  # GQA: the query heads that share this K/V head
-        off_h = off_hkv * GROUP + g
-        off_zh = off_z * H + off_h
-        q_base = Q + off_z * stride_qz + off_h * stride_qh
-        do_base = DO + off_z * stride_dz + off_h * stride_dh
-        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
-                             offs_n, offs_d, q_lo, q_mid, qk_scale, causal_offset,
-                             D_HEAD, BLOCK_D, BLOCK_M, True, CAUSAL, UPCAST, IEEE)
-        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
-                             offs_n, offs_d, q_mid, full_m, qk_scale, causal_offset,
-                             D_HEAD, BLOCK_D, BLOCK_M, False, CAUSAL, UPCAST, IEEE)
-        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, LSE, DELTA, stride_qm, stride_dm, off_zh, N_Q,
-                             offs_n, offs_d, tail, N_Q, qk_scale, causal_offset,
-                             D_HEAD, BLOCK_D, BLOCK_M, True, CAUSAL, UPCAST, IEEE)
-    dk = dk * scale  # the scale of S = scale * Q K^T, applied once (line 16)
-    tl.store(DK + off_z * stride_dkz + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + off_z * stride_dvz + off_hkv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+        # Query blocks that see this key block (_common.visible_range, keys fixed): masked
+        # [q_lo, in_lo) and [in_hi, q_hi) (diagonal, window edges, ragged tail), unmasked [in_lo, in_hi).
+        q_lo, in_lo, in_hi, q_hi = visible_range_tl(start_n * BLOCK_N, BLOCK_N, N_K, -diag_hi, -diag_lo, N_Q, BLOCK_M)
+        for g in range(0, GROUP):  # GQA: the query heads that share this K/V head
+            off_h = off_hkv * GROUP + g
+            q_base = Q + off_z * stride_qz + off_h * stride_qh + q_start * stride_qm
+            do_base = DO + off_z * stride_dz + off_h * stride_dh + q_start * stride_dm
+            dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh + q_start * stride_dqm
+            lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
+            delta_base = DELTA + off_z * stride_lz + off_h * stride_lh + q_start
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm,
+                                 stride_dqm, N_Q, offs_n, offs_d, q_lo, in_lo, qk_scale, scale, N_K, diag_lo, diag_hi,
+                                 D_HEAD, BLOCK_D, BLOCK_M, True, ATOMIC_DQ, UPCAST, IEEE)
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm,
+                                 stride_dqm, N_Q, offs_n, offs_d, in_lo, in_hi, qk_scale, scale, N_K, diag_lo, diag_hi,
+                                 D_HEAD, BLOCK_D, BLOCK_M, False, ATOMIC_DQ, UPCAST, IEEE)
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm,
+                                 stride_dqm, N_Q, offs_n, offs_d, in_hi, q_hi, qk_scale, scale, N_K, diag_lo, diag_hi,
+                                 D_HEAD, BLOCK_D, BLOCK_M, True, ATOMIC_DQ, UPCAST, IEEE)
+        dk = dk * scale  # the scale of S = scale * Q K^T, applied once (line 16)
+        tl.store(DK + off_z * stride_dkz + off_hkv * stride_dkh + k_rows * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + off_z * stride_dvz + off_hkv * stride_dvh + k_rows * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
-def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi, qk_scale, N_K, causal_offset,
+def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi, qk_scale, N_K, diag_lo, diag_hi,
               D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+              MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """Accumulate the contributions of key blocks [lo, hi) to dQ_i."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < D_HEAD
@@ -192,9 +210,8 @@ def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d,
             dp = tl.dot(do, v_t)
         p = tl.math.exp2(qk * qk_scale - lse[:, None])  # P_ij = exp2(S_ij - L_i) recomputed (line 11)
         if MASKED:
-            visible = n[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
+            diag = n[None, :] - offs_m[:, None]  # j - i
+            visible = (n[None, :] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
             p = tl.where(visible, p, 0.0)
         ds = p * (dp - delta[:, None])  # dS_ij = P_ij * (dP_ij - D_i) (line 14)
         if IEEE:
@@ -204,84 +221,121 @@ def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d,
     return dq
 
 
-@triton.autotune(configs=_DQ_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE"],
+@triton.autotune(configs=_DQ_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "IEEE"],
                  prune_configs_by={"early_config_prune": pruner(DQ_WIDE_CANDIDATES)})
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dm, stride_dqz, stride_dqh, stride_dqm,
-    H, GROUP, N_Q, N_K, qk_scale, scale,
-    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    stride_lz, stride_lh,
+    H, GROUP, N_Q, N_K, qk_scale, scale, win_left, win_right,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    VARLEN: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z, off_h = off_zh // H, off_zh % H
     off_hkv = off_h // GROUP
-    causal_offset = N_K - N_Q
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_m < N_Q
-    mask = row_ok[:, None] & (offs_d[None, :] < D_HEAD)
-    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=mask, other=0.0)
-    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :], mask=mask, other=0.0)
-    lse = tl.load(LSE + off_zh * N_Q + offs_m, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + off_zh * N_Q + offs_m, mask=row_ok, other=0.0)
-    # a row that saw no key has lse = -inf; its P is 0 everywhere (masked), keep exp2 finite
-    lse = tl.where(lse == float("-inf"), 0.0, lse)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = K + off_z * stride_kz + off_hkv * stride_kh
-    v_base = V + off_z * stride_vz + off_hkv * stride_vh
-    full_n = (N_K // BLOCK_N) * BLOCK_N
-    if CAUSAL:  # the same block ranges as the forward pass
-        hi = tl.minimum(tl.maximum(start_m * BLOCK_M + BLOCK_M + causal_offset, 0), N_K)
-        lo = tl.minimum((tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N, full_n)
-    else:
-        hi = N_K
-        lo = full_n
-    dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, 0, lo, qk_scale, N_K,
-                   causal_offset, D_HEAD, BLOCK_D, BLOCK_N, False, CAUSAL, UPCAST, IEEE)
-    dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, lo, hi, qk_scale, N_K,
-                   causal_offset, D_HEAD, BLOCK_D, BLOCK_N, True, CAUSAL, UPCAST, IEEE)
-    dq = dq * scale
-    tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mask)
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        q_start = tl.load(CU_Q + off_z)
+        k_start = tl.load(CU_K + off_z)
+        N_Q = tl.load(CU_Q + off_z + 1) - q_start
+        N_K = tl.load(CU_K + off_z + 1) - k_start
+    if start_m * BLOCK_M < N_Q:
+        causal_offset = N_K - N_Q
+        diag_lo = causal_offset - win_left
+        diag_hi = causal_offset + win_right
+        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < N_Q
+        mask = row_ok[:, None] & (offs_d[None, :] < D_HEAD)
+        rows = q_start + offs_m[:, None]
+        q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + rows * stride_qm + offs_d[None, :], mask=mask, other=0.0)
+        do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + rows * stride_dm + offs_d[None, :], mask=mask, other=0.0)
+        lse_base = off_z * stride_lz + off_h * stride_lh + q_start
+        lse = tl.load(LSE + lse_base + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + lse_base + offs_m, mask=row_ok, other=0.0)
+        # a row that saw no key has lse = -inf; its P is 0 everywhere (masked), keep exp2 finite
+        lse = tl.where(lse == float("-inf"), 0.0, lse)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        k_base = K + off_z * stride_kz + off_hkv * stride_kh + k_start * stride_kn
+        v_base = V + off_z * stride_vz + off_hkv * stride_vh + k_start * stride_vn
+        # the same key ranges as the forward pass
+        k_lo, full_lo, full_hi, k_hi = visible_range_tl(start_m * BLOCK_M, BLOCK_M, N_Q, diag_lo, diag_hi, N_K, BLOCK_N)
+        if WINDOW:
+            dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, k_lo, full_lo,
+                           qk_scale, N_K, diag_lo, diag_hi, D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE)
+        dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, full_lo, full_hi,
+                       qk_scale, N_K, diag_lo, diag_hi, D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, IEEE)
+        dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, full_hi, k_hi,
+                       qk_scale, N_K, diag_lo, diag_hi, D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE)
+        dq = dq * scale
+        tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + rows * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mask)
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
              lse2: torch.Tensor, causal: bool, scale: float,
-             configs_: tuple[Candidate, Candidate] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             configs_: tuple[Candidate, Candidate] | None = None, *, window: tuple[int, int] | None = None,
+             deterministic: bool = True,
+             cu_seqlens: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) from dO. All tensors have a unit stride on the last axis
     (the caller makes them so). lse2 is the forward's log2-unit log-sum-exp.
-    ``configs_`` = (dK/dV config, dQ config) bypasses autotuning (tests use it)."""
+
+    - ``configs_`` = (dK/dV config, dQ config) bypasses autotuning (tests use it);
+    - ``window``, ``cu_seqlens``: as in :func:`flashlab.kernels.forward.forward`;
+    - ``deterministic=False``: dQ by atomic adds inside the dK/dV kernel (the paper's single loop)."""
     Z, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(D))
     ieee = q.dtype == torch.float32
     qk_scale = scale * 1.4426950408889634
     delta = torch.empty_like(lse2)
+    # D = rowsum(dO * O); for varlen lse2 is (H, total_q) and the packed view (1, H, total_q, d) fits as is
     _preprocess_kernel[(triton.cdiv(N_Q, 64), Z * H)](
         o, do, delta, *o.stride(), *do.stride(), H, N_Q, D_HEAD=D, BLOCK_D=block_d, BLOCK_M=64
     )
-    dq = torch.empty_like(q)
+    if cu_seqlens is not None:
+        cu_q, cu_k, n_q, n_k = cu_seqlens
+        seqs = cu_q.numel() - 1
+        lse_strides = (0, lse2.stride(0))
+        zero = lambda t: (0, *t.stride()[1:3])  # noqa: E731  (batch stride 0: one packed "batch")
+    else:
+        cu_q = cu_k = lse2
+        seqs, n_q, n_k = Z, N_Q, N_K
+        lse_strides = (lse2.stride(0), lse2.stride(1))
+        zero = lambda t: t.stride()[:3]  # noqa: E731
+    left, right = window_bounds(causal, window, n_q, n_k)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    atomic = not deterministic
+    # fp32 accumulator for the atomic adds (a one-element placeholder when unused)
+    dq_acc = torch.zeros(q.shape if atomic else (1, 1, 1, 1), device=q.device, dtype=torch.float32)
     dkdv_config, dq_config = configs_ if configs_ is not None else (None, None)
     dkdv_kernel = _dkdv_kernel if dkdv_config is None else _dkdv_kernel.fn
     dq_kernel = _dq_kernel if dq_config is None else _dq_kernel.fn
-    dkdv_kernel[lambda meta: (triton.cdiv(N_K, meta["BLOCK_N"]), Z * H_KV)](
-        q, k, v, do, lse2, delta, dk, dv,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        H, H // H_KV, N_Q, N_K, qk_scale, scale,
-        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee, **launch_options(dkdv_config),
+    flags = dict(D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, WINDOW=window is not None, VARLEN=cu_seqlens is not None,
+                 UPCAST=INTERPRET, IEEE=ieee)
+    dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), seqs * H_KV)](
+        q, k, v, do, lse2, delta, dk, dv, dq_acc, cu_q, cu_k,
+        *zero(q), *zero(k), *zero(v), *zero(do), *zero(dk), *zero(dv), *zero(dq_acc), *lse_strides,
+        H, H // H_KV, n_q, n_k, qk_scale, scale, left, right,
+        ATOMIC_DQ=atomic, **flags, **launch_options(dkdv_config),
     )
-    dq_kernel[lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), Z * H)](
-        q, k, v, do, lse2, delta, dq,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
-        H, H // H_KV, N_Q, N_K, qk_scale, scale,
-        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=ieee, **launch_options(dq_config),
+    if atomic:
+        return dq_acc.to(q.dtype), dk, dv
+    dq = torch.empty_like(q)
+    dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), seqs * H)](
+        q, k, v, do, lse2, delta, dq, cu_q, cu_k,
+        *zero(q), *zero(k), *zero(v), *zero(do), *zero(dq), *lse_strides,
+        H, H // H_KV, n_q, n_k, qk_scale, scale, left, right,
+        **flags, **launch_options(dq_config),
     )
     return dq, dk, dv

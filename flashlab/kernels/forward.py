@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, Candidate, configs, launch_options, pruner
+from ._common import INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90; autotune picks per shape.
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
@@ -62,16 +62,17 @@ def online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED: tl.constexpr, IE
 def _attend(
     acc, l_i, m_i, q,  # running state (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,); the query tile
     k_ptrs, v_ptrs, stride_kn, stride_vn,
-    offs_m, offs_n, offs_d, lo, hi, qk_scale, N_K, causal_offset,
+    offs_m, offs_n, offs_d, lo, hi, qk_scale, N_K, diag_lo, diag_hi,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
 ):
-    """Fold key blocks [lo, hi) into (acc, l_i, m_i). MASKED blocks check key bounds
-    (and the causal diagonal); unmasked ones are known to be fully visible."""
+    """Fold key blocks [lo, hi) into (acc, l_i, m_i). MASKED blocks check key bounds and the
+    band diag_lo <= j - i <= diag_hi (causal: diag_hi = N_K - N_Q); unmasked ones are known
+    to be fully visible. WS asks Triton to warp-specialise the loop (loads in a producer warp)."""
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
     d_ok = offs_d < D_HEAD
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         n = start_n + offs_n  # (BLOCK_N,) key indices
         if MASKED:
             k = tl.load(k_ptrs, mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N) = K_j^T
@@ -90,9 +91,8 @@ def _attend(
         else:
             qk = tl.dot(q, k)
         if MASKED:
-            visible = n[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
+            diag = n[None, :] - offs_m[:, None]  # j - i
+            visible = (n[None, :] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
             qk = tl.where(visible, qk, float("-inf"))
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED, IEEE)
         k_ptrs += BLOCK_N * stride_kn
@@ -100,35 +100,28 @@ def _attend(
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "IEEE"],
-                 prune_configs_by={"early_config_prune": pruner(WIDE_CANDIDATES)})
 @triton.jit
-def _forward_kernel(
-    Q, K, V, O, LSE,  # O (Z, H, N_Q, d) output; LSE (Z, H, N_Q) fp32, log2 units
+def _forward_block(
+    start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_oz, stride_oh, stride_om, stride_od,
-    H, GROUP, N_Q, N_K, qk_scale,
-    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
+    q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, WS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    off_zh = tl.program_id(1)
-    off_z = off_zh // H
-    off_h = off_zh % H
-    off_hkv = off_h // GROUP  # GQA: GROUP query heads share one K/V head
-    causal_offset = N_K - N_Q  # bottom-right alignment
-
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    """Query block ``start_m`` of head (off_z, off_h): FA2 Algorithm 1, lines 4-13.
+    q_start/k_start: first row of this sequence (varlen; 0 otherwise)."""
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row indices within the sequence
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)  # head dim padded to a power of two; loads masked to D_HEAD
     d_ok = offs_d < D_HEAD
     row_ok = offs_m < N_Q
 
-    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + (q_start + offs_m[:, None]) * stride_qm + offs_d[None, :] * stride_qd
+    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + (k_start + offs_n[None, :]) * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + (k_start + offs_n[:, None]) * stride_vn + offs_d[None, :] * stride_vd
 
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # Q_i stays on chip (Alg. 1 line 4)
     if UPCAST:
@@ -137,50 +130,123 @@ def _forward_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # line 5: l = 0
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # line 5: O = 0
 
-    # Which key blocks to visit (see _common): [0, lo) unmasked, [lo, hi) masked, [hi, N_K) skipped.
-    full_n = (N_K // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum(tl.maximum(start_m * BLOCK_M + BLOCK_M + causal_offset, 0), N_K)
-        lo = tl.minimum((tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N, full_n)
-    else:
-        hi = N_K
-        lo = full_n
+    # Which key blocks to visit (_common.visible_range): row i sees key j iff
+    # diag_lo <= j - i <= diag_hi (causal: right = 0; no mask: both sides unbounded).
+    causal_offset = N_K - N_Q  # bottom-right alignment
+    diag_lo = causal_offset - win_left
+    diag_hi = causal_offset + win_right
+    k_lo, full_lo, full_hi, k_hi = visible_range_tl(start_m * BLOCK_M, BLOCK_M, N_Q, diag_lo, diag_hi, N_K, BLOCK_N)
+    if WINDOW:  # a sliding window's left edge: partly visible blocks before the interior
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                offs_m, offs_n, offs_d, k_lo, full_lo, qk_scale, N_K, diag_lo, diag_hi,
+                                D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            offs_m, offs_n, offs_d, 0, lo, qk_scale, N_K, causal_offset,
-                            D_HEAD, BLOCK_D, BLOCK_N, False, CAUSAL, UPCAST, IEEE)
+                            offs_m, offs_n, offs_d, full_lo, full_hi, qk_scale, N_K, diag_lo, diag_hi,
+                            D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, IEEE, WS)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            offs_m, offs_n, offs_d, lo, hi, qk_scale, N_K, causal_offset,
-                            D_HEAD, BLOCK_D, BLOCK_N, True, CAUSAL, UPCAST, IEEE)
+                            offs_m, offs_n, offs_d, full_hi, k_hi, qk_scale, N_K, diag_lo, diag_hi,
+                            D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False)
 
-    # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0, lse = -inf.
+    # Rows that saw no key (causal with N_Q > N_K, or a window) have l = 0: output 0, lse = -inf.
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
     acc = acc / l_safe[:, None]  # line 12: O = diag(l)^-1 O, once
     lse = tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf"))  # line 13: L = m + log2(l)
-    tl.store(LSE + off_zh * N_Q + offs_m, lse, mask=row_ok)
-    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(LSE + off_z * stride_lz + off_h * stride_lh + q_start + offs_m, lse, mask=row_ok)
+    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + (q_start + offs_m[:, None]) * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-            config: Candidate | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. q (Z, H, N_q, d), k and v (Z, H_kv, N_k, d), checked by the caller.
-    ``config`` = (BLOCK_M, BLOCK_N, warps, stages) bypasses autotuning (tests use it).
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "IEEE"],
+                 prune_configs_by={"early_config_prune": pruner(WIDE_CANDIDATES)})
+@triton.jit
+def _forward_kernel(
+    Q, K, V, O, LSE,  # O like Q; LSE fp32, log2 units: (Z, H, N_Q), or (H, total_q) for varlen
+    CU_Q, CU_K,  # varlen: (Z + 1,) int32 cumulative sequence starts; unused otherwise
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
+    H, GROUP, N_Q, N_K, qk_scale, win_left, win_right,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    VARLEN: tl.constexpr, PER_HEAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid (query blocks, Z * H) — FlashAttention-2's partitioning (§3.2) — or, with
+    PER_HEAD, (1, Z * H) with each program looping over all query blocks of its head:
+    the FlashAttention-1 partitioning, kept to measure the difference (chapter 5).
+    CAUSAL is folded into (win_left, win_right) by the host; it only keys the autotuner."""
+    off_zh = tl.program_id(1)
+    off_z = off_zh // H  # batch index (the sequence index for varlen)
+    off_h = off_zh % H
+    off_hkv = off_h // GROUP  # GQA: GROUP query heads share one K/V head
+    q_start = 0
+    k_start = 0
+    if VARLEN:  # packed sequences: this sequence's rows and lengths from cu_seqlens
+        q_start = tl.load(CU_Q + off_z)
+        k_start = tl.load(CU_K + off_z)
+        N_Q = tl.load(CU_Q + off_z + 1) - q_start
+        N_K = tl.load(CU_K + off_z + 1) - k_start
+    if PER_HEAD:
+        for start_m in range(0, tl.cdiv(N_Q, BLOCK_M)):
+            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE,
+                           stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                           stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
+                           stride_lz, stride_lh, q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
+                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, BLOCK_M, BLOCK_N)
+    else:
+        start_m = tl.program_id(0)
+        if start_m * BLOCK_M < N_Q:  # varlen: programs past a short sequence's end do nothing
+            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE,
+                           stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                           stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
+                           stride_lz, stride_lh, q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
+                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, BLOCK_M, BLOCK_N)
 
-    Returns o (Z, H, N_q, d) in q's dtype and lse2 (Z, H, N_q) float32, the row
-    log-sum-exp in log2 units (lse2 = lse / ln 2)."""
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+            config: Candidate | None = None, *, window: tuple[int, int] | None = None,
+            grid: str = "v2", warp_specialize: bool = False,
+            cu_seqlens: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. q (Z, H, N_q, d), k and v (Z, H_kv, N_k, d), checked by the caller.
+
+    - ``config`` = (BLOCK_M, BLOCK_N, warps, stages) bypasses autotuning (tests, experiments);
+    - ``window`` = (left, right) sliding window, -1 = unbounded (flash-attn's convention);
+    - ``grid`` = "v2" (query blocks x heads) or "v1" (one program per head, chapter 5);
+    - ``warp_specialize`` = let Triton split the main loop into producer/consumer warps (chapter 6);
+    - ``cu_seqlens`` = (cu_q, cu_k, max_seqlen_q, max_seqlen_k) for packed varlen input: then q is
+      (1, H, total_q, d) and k, v (1, H_kv, total_k, d) views of (total, heads, d) tensors.
+
+    Returns o like q and lse2 float32, the row log-sum-exp in log2 units (lse2 = lse / ln 2):
+    (Z, H, N_q), or (H, total_q) for varlen."""
     Z, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
-    lse2 = torch.empty((Z, H, N_Q), device=q.device, dtype=torch.float32)
     block_d = max(16, triton.next_power_of_2(D))
-    grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), Z * H)  # noqa: E731
+    if cu_seqlens is not None:
+        cu_q, cu_k, max_q, max_k = cu_seqlens
+        seqs = cu_q.numel() - 1
+        lse2 = torch.empty((H, N_Q), device=q.device, dtype=torch.float32)
+        strides = [0, *q.stride()[1:], 0, *k.stride()[1:], 0, *v.stride()[1:], 0, *o.stride()[1:], 0, lse2.stride(0)]
+        n_q, n_k = max_q, max_k  # bounds for the grid and the autotuner's key; the kernel reads the real ones
+    else:
+        cu_q = cu_k = q  # unused placeholders
+        seqs = Z
+        lse2 = torch.empty((Z, H, N_Q), device=q.device, dtype=torch.float32)
+        strides = [*q.stride(), *k.stride(), *v.stride(), *o.stride(), lse2.stride(0), lse2.stride(1)]
+        n_q, n_k = N_Q, N_K
+    left, right = window_bounds(causal, window, n_q, n_k)
+    if grid not in ("v1", "v2"):
+        raise ValueError(f"grid must be 'v1' or 'v2'; got {grid!r}")
+    per_head = grid == "v1"
+    launch = lambda meta: (1 if per_head else triton.cdiv(n_q, meta["BLOCK_M"]), seqs * H)  # noqa: E731
     kernel = _forward_kernel if config is None else _forward_kernel.fn
-    kernel[grid](
-        q, k, v, o, lse2,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, H // H_KV, N_Q, N_K, scale * 1.4426950408889634,  # scale * log2(e)
-        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32,
+    kernel[launch](
+        q, k, v, o, lse2, cu_q, cu_k, *strides,
+        H, H // H_KV, n_q, n_k, scale * 1.4426950408889634, left, right,  # scale * log2(e)
+        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, WINDOW=window is not None, VARLEN=cu_seqlens is not None,
+        PER_HEAD=per_head, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32, WS=warp_specialize,
         **launch_options(config),
     )
     return o, lse2

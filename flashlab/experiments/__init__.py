@@ -1,0 +1,83 @@
+"""GPU experiments behind chapters 5-9, each a function that measures and records.
+
+    python -m flashlab.experiments grid pipelining fp8 ... --out results
+
+Each experiment is a function ``run(out: Path) -> list[Path]`` in a module of this
+package, registered in :data:`EXPERIMENTS`. It measures on the GPU (CUDA required),
+and writes ``OUT/<stem>_<tag>.csv`` + ``.json`` through :func:`record`, with the
+provenance of :func:`flashlab.bench.provenance` (GPU, driver, versions, date, command,
+git commit). Notebooks read them back with :func:`flashlab.results.load`.
+
+Every timing is a median of :func:`triton.testing.do_bench` (via
+:func:`flashlab.bench.time_ms`) and every comparison is between implementations
+measured in the same process, one after the other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+__all__ = ["EXPERIMENTS", "TAG", "record", "ms", "require_gpu", "run"]
+
+TAG = "h200"  # suffix of the result stems: the lent GPU
+COMMAND = "python -m flashlab.experiments"
+
+# name -> "module:function"; modules are imported only when their experiment runs.
+EXPERIMENTS: dict[str, str] = {
+    "grid": "flashlab.experiments.kernels:grid",
+    "pipelining": "flashlab.experiments.kernels:pipelining",
+    "determinism": "flashlab.experiments.kernels:determinism",
+    "memory": "flashlab.experiments.kernels:memory",
+    "beyond": "flashlab.experiments.kernels:beyond",
+    "fp8": "flashlab.experiments.fp8:run",
+    "fa4": "flashlab.experiments.fa4:run",
+}
+
+
+def require_gpu() -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("this experiment measures a CUDA GPU; none is available (CI has none; run it on the lent H200)")
+
+
+def ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of ``fn`` on the GPU (triton.testing.do_bench)."""
+    from ..bench import time_ms
+
+    return time_ms(fn, "cuda")
+
+
+def record(stem: str, rows: list[dict[str, object]], out: str | Path) -> list[Path]:
+    """Write ``OUT/<stem>_<TAG>.csv/.json`` with this run's provenance."""
+    from ..bench import provenance
+    from ..results import write
+
+    command = COMMAND + " " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else COMMAND
+    paths = write(f"{stem}_{TAG}", rows, provenance(command.strip()), out)
+    for p in paths:
+        print(p, flush=True)
+    return paths
+
+
+def run(names: list[str], out: str | Path) -> list[Path]:
+    """Run the named experiments in order; one that fails is reported and the rest go on."""
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        raise ValueError(f"experiment names must be among {sorted(EXPERIMENTS)}; got {unknown}")
+    written: list[Path] = []
+    for name in names:
+        module, func = EXPERIMENTS[name].split(":")
+        print(f"== {name}", flush=True)
+        try:
+            written += getattr(importlib.import_module(module), func)(Path(out))
+        except Exception as exc:  # keep going: one broken experiment must not lose the others' results
+            import traceback
+
+            traceback.print_exc()
+            print(f"== {name} FAILED: {type(exc).__name__}: {exc}", flush=True)
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return written
