@@ -1,0 +1,282 @@
+"""GPU experiments on flashlab's own FlashAttention-2 kernels (chapters 5, 6, 7 and 9).
+
+- :func:`grid`        — v1 partitioning (one program per head) vs v2 (query blocks x heads)
+- :func:`pipelining`  — the forward across software-pipelining depths and warp specialisation
+- :func:`determinism` — atomic-add dQ vs the deterministic two-kernel backward: bits and speed
+- :func:`memory`      — forward + backward at N = 131072: peak memory beyond the tensors
+- :func:`beyond`      — causal, sliding window, GQA, varlen vs padding, split-KV decoding
+
+Each writes ``OUT/<name>_h200.csv/.json`` with provenance; FLOPs are counted as in the
+bench (forward 4·B·H·N_q·N_k·d, halved when causal; forward + backward 3.5x forward).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from . import ms, record, require_gpu
+
+BF16 = torch.bfloat16
+
+
+def _qkv(B: int, H: int, N: int, d: int, H_kv: int | None = None, N_k: int | None = None, seed: int = 0, grad: bool = False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    H_kv, N_k = H_kv or H, N_k or N
+    q = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g)
+    k = torch.randn(B, H_kv, N_k, d, device="cuda", dtype=BF16, generator=g)
+    v = torch.randn(B, H_kv, N_k, d, device="cuda", dtype=BF16, generator=g)
+    if grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    return q, k, v
+
+
+def _tflops(flops: float, t_ms: float) -> float:
+    return round(flops / (t_ms * 1e-3) / 1e12, 2)
+
+
+def _fwd_flops(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool) -> float:
+    return 4 * B * H * n_q * n_k * d * (0.5 if causal else 1.0)
+
+
+# ----------------------------------------------------------------------------- chapter 5
+def grid(out: Path) -> list[Path]:
+    """The same forward kernel and block configuration launched on the two grids of chapter 5.
+    v1: (1, B*H) programs, each looping over its query blocks; v2: (N/BLOCK_M, B*H)."""
+    require_gpu()
+    from ..kernels.forward import forward
+
+    config = (128, 128, 8, 3)  # one configuration for both grids, so only the partitioning differs
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for d in (128, 64):
+        for causal in (False, True):
+            for B, H, N in ((1, 16, 4096), (1, 16, 16384), (4, 16, 4096), (8, 16, 4096), (16, 16, 4096), (1, 132, 4096)):
+                q, k, v = _qkv(B, H, N, d)
+                for g in ("v1", "v2"):
+                    with torch.no_grad():
+                        t = ms(lambda: forward(q, k, v, causal, d**-0.5, config, grid=g))
+                    programs = B * H * (1 if g == "v1" else -(-N // config[0]))
+                    row = {"grid": g, "B": B, "H": H, "N": N, "d": d, "causal": causal, "BLOCK_M": config[0],
+                           "BLOCK_N": config[1], "programs": programs, "sms": sms, "ms": round(t, 5),
+                           "tflops": _tflops(_fwd_flops(B, H, N, N, d, causal), t)}
+                    rows.append(row)
+                    print(row, flush=True)
+                del q, k, v
+    return record("grid", rows, out)
+
+
+# ----------------------------------------------------------------------------- chapter 6
+def pipelining(out: Path) -> list[Path]:
+    """Forward TFLOP/s across num_stages (how many K/V tiles are in flight) and Triton's warp
+    specialisation of the main loop, for two block shapes, at B*N = 16k tokens, H = 2048/d."""
+    require_gpu()
+    from ..kernels.forward import forward
+
+    rows = []
+    cases = [(128, 8192, False, (128, 128, 8)), (128, 8192, False, (128, 64, 4)), (128, 8192, True, (128, 128, 8)),
+             (64, 8192, False, (128, 64, 4)), (64, 8192, False, (128, 128, 8))]
+    for d, N, causal, (bm, bn, warps) in cases:
+        B, H = 16384 // N, 2048 // d
+        q, k, v = _qkv(B, H, N, d)
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        for ws in (False, True):
+            for stages in (1, 2, 3, 4, 5):
+                row = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn, "warps": warps,
+                       "stages": stages, "warp_specialize": ws}
+                try:
+                    with torch.no_grad():
+                        o, _ = forward(q, k, v, causal, d**-0.5, (bm, bn, warps, stages), warp_specialize=ws)
+                        err = (o.float() - ref).abs().max().item()
+                        t = ms(lambda: forward(q, k, v, causal, d**-0.5, (bm, bn, warps, stages), warp_specialize=ws))
+                    row.update(ms=round(t, 5), tflops=_tflops(_fwd_flops(B, H, N, N, d, causal), t),
+                               max_err=f"{err:.2e}", status="ok")
+                except Exception as exc:  # e.g. out of shared memory, or a pass the compiler refuses
+                    row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
+                rows.append(row)
+                print(row, flush=True)
+        del q, k, v, ref
+    return record("pipelining", rows, out)
+
+
+# ----------------------------------------------------------------------------- chapter 7
+def determinism(out: Path) -> list[Path]:
+    """Bits: dQ over 10 backward passes with atomic adds vs with the deterministic dQ kernel.
+    Speed: forward + backward of each path at the bench shapes."""
+    require_gpu()
+    from ..kernels import flash_attention
+
+    rows = []
+    B, H, N, d = 2, 16, 4096, 128
+    q, k, v = _qkv(B, H, N, d, seed=1)
+    do = torch.randn_like(q)
+    for det in (True, False):
+        grads = []
+        for _ in range(10):
+            qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+            flash_attention(qq, kk, vv, causal=True, deterministic=det).backward(do)
+            grads.append(qq.grad.float())
+        distinct = len({g.cpu().numpy().tobytes() for g in grads})
+        diff = max((g - grads[0]).abs().max().item() for g in grads)
+        changed = max((g != grads[0]).float().mean().item() for g in grads)
+        rows.append({"kind": "bits", "deterministic": det, "causal": True, "d": d, "N": N, "B": B, "H": H,
+                     "runs": 10, "distinct_dq": distinct, "max_abs_diff": f"{diff:.3e}",
+                     "fraction_changed": f"{changed:.4f}", "ms": "", "tflops": ""})
+        print(rows[-1], flush=True)
+    del q, k, v, do
+    for d in (64, 128):
+        for causal in (False, True):
+            for N in (1024, 4096, 16384):
+                B, H = 16384 // N, 2048 // d
+                q, k, v = _qkv(B, H, N, d, grad=True)
+                do = torch.randn_like(q)
+                for det in (True, False):
+                    t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do))
+                    rows.append({"kind": "speed", "deterministic": det, "causal": causal, "d": d, "N": N, "B": B, "H": H,
+                                 "runs": "", "distinct_dq": "", "max_abs_diff": "", "fraction_changed": "",
+                                 "ms": round(t, 5), "tflops": _tflops(3.5 * _fwd_flops(B, H, N, N, d, causal), t)})
+                    print(rows[-1], flush=True)
+                del q, k, v, do
+    return record("determinism", rows, out)
+
+
+# ----------------------------------------------------------------------------- chapter 4/5 memory
+def memory(out: Path) -> list[Path]:
+    """Peak GPU memory of one forward + backward at N = 131072, B = H = 1, d = 128, beyond the
+    inputs (q, k, v, dO): flashlab and SDPA flash, causal and not."""
+    require_gpu()
+    from ..bench import fused_attention_torch
+    from ..kernels import flash_attention
+
+    N, d = 131072, 128
+    rows = []
+    for impl in ("flashlab", "sdpa_flash"):
+        for causal in (True, False):
+            q, k, v = _qkv(1, 1, N, d, grad=True)
+            do = torch.randn_like(q)
+            fn = (lambda: flash_attention(q, k, v, causal=causal)) if impl == "flashlab" else \
+                (lambda: fused_attention_torch(q, k, v, causal, "flash"))
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            o = fn()
+            o.backward(do)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - before
+            tensor = N * d * 2
+            accounted = 4 * tensor + 2 * N * 4  # o, dq, dk, dv, lse and D
+            t = ms(lambda: torch.autograd.grad(fn(), (q, k, v), do))
+            rows.append({"impl": impl, "causal": causal, "N": N, "d": d, "peak_mib": round(peak / 2**20, 2),
+                         "extra_mib": round((peak - accounted) / 2**20, 2), "tensor_mib": round(tensor / 2**20, 2),
+                         "nxn_bf16_gib": round(N * N * 2 / 2**30, 1), "ms": round(t, 3),
+                         "tflops": _tflops(3.5 * _fwd_flops(1, 1, N, N, d, causal), t), "finite": bool(torch.isfinite(q.grad).all())})
+            print(rows[-1], flush=True)
+            del q, k, v, do, o
+            torch.cuda.empty_cache()
+    return record("memory", rows, out)
+
+
+# ----------------------------------------------------------------------------- chapter 9
+def beyond(out: Path) -> list[Path]:
+    """The features of chapter 9, each timed beside its baseline, with rows in the bench columns
+    (impl, dtype, causal, d, N, B, H, pass, ms, tflops) plus a 'case' and a 'note'."""
+    require_gpu()
+    from ..bench import fused_attention_torch
+    from ..kernels import flash_attention, flash_attention_varlen, flash_decode
+
+    rows: list[dict[str, object]] = []
+
+    def add(case, impl, causal, d, N, B, H, pas, t, flops, note=""):
+        rows.append({"case": case, "impl": impl, "dtype": "bfloat16", "causal": causal, "d": d, "N": N, "B": B, "H": H,
+                     "pass": pas, "ms": round(t, 5), "tflops": _tflops(flops, t) if flops else "", "note": note})
+        print(rows[-1], flush=True)
+
+    # 1. causal vs full at N = 16k (time saved; FLOPs counted as full for both, to compare times)
+    B, H, N, d = 1, 16, 16384, 128
+    q, k, v = _qkv(B, H, N, d, grad=True)
+    do = torch.randn_like(q)
+    for causal in (False, True):
+        with torch.no_grad():
+            t = ms(lambda: flash_attention(q, k, v, causal=causal))
+        add("causal", "flashlab", causal, d, N, B, H, "fwd", t, _fwd_flops(B, H, N, N, d, causal))
+        t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do))
+        add("causal", "flashlab", causal, d, N, B, H, "fwdbwd", t, 3.5 * _fwd_flops(B, H, N, N, d, causal))
+    # 2. sliding window (left 1024, causal) at N = 16k vs causal
+    for window in ((1024, 0), (4096, 0)):
+        with torch.no_grad():
+            t = ms(lambda: flash_attention(q, k, v, causal=True, window=window))
+        add("window", "flashlab", True, d, N, B, H, "fwd", t, 0, note=f"window={window[0]}")
+        t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True, window=window), (q, k, v), do))
+        add("window", "flashlab", True, d, N, B, H, "fwdbwd", t, 0, note=f"window={window[0]}")
+    del q, k, v, do
+    # 3. GQA / MQA: 32 query heads, 32 / 8 / 1 K/V heads, N = 8k
+    B, H, N, d = 2, 32, 8192, 128
+    for h_kv in (32, 8, 1):
+        q, k, v = _qkv(B, H, N, d, H_kv=h_kv, grad=True)
+        do = torch.randn_like(q)
+        with torch.no_grad():
+            t = ms(lambda: flash_attention(q, k, v, causal=True))
+        add("gqa", "flashlab", True, d, N, B, H, "fwd", t, _fwd_flops(B, H, N, N, d, True), note=f"h_kv={h_kv}")
+        t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do))
+        add("gqa", "flashlab", True, d, N, B, H, "fwdbwd", t, 3.5 * _fwd_flops(B, H, N, N, d, True), note=f"h_kv={h_kv}")
+        del q, k, v, do
+    # 4. varlen vs padding: 16 sequences of random length in [1, 4096] (about half of a padded batch)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 4097, (16,), generator=g)
+    B, H, d, L = 16, 16, 128, 4096
+    cu = torch.zeros(B + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    total = int(cu[-1])
+    flops = sum(4 * H * int(n) * int(n) * d * 0.5 for n in lengths)  # useful work, causal
+    qp, kp, vp = (torch.randn(total, H, d, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3))
+    dop = torch.randn_like(qp)
+    cu_d = cu.cuda()
+    note = f"padding={1 - total / (B * L):.3f}"
+    with torch.no_grad():
+        t = ms(lambda: flash_attention_varlen(qp, kp, vp, cu_d, cu_d, L, L, causal=True))
+    add("varlen", "flashlab_varlen", True, d, L, B, H, "fwd", t, flops, note)
+    t = ms(lambda: torch.autograd.grad(flash_attention_varlen(qp, kp, vp, cu_d, cu_d, L, L, causal=True), (qp, kp, vp), dop))
+    add("varlen", "flashlab_varlen", True, d, L, B, H, "fwdbwd", t, 3.5 * flops, note)
+    q, k, v = _qkv(B, H, L, d, grad=True)  # the padded batch: every sequence stretched to L
+    do = torch.randn_like(q)
+    with torch.no_grad():
+        t = ms(lambda: flash_attention(q, k, v, causal=True))
+    add("varlen", "flashlab_padded", True, d, L, B, H, "fwd", t, flops, note)
+    t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do))
+    add("varlen", "flashlab_padded", True, d, L, B, H, "fwdbwd", t, 3.5 * flops, note)
+    # padding + masking as a PyTorch user would write it: SDPA with a boolean mask (no flash backend takes one)
+    valid = torch.arange(L)[None, :] < lengths[:, None]
+    mask = (torch.ones(L, L, dtype=torch.bool).tril()[None] & valid[:, None, :] & valid[:, :, None]) | torch.eye(L, dtype=torch.bool)[None]
+    mask = mask[:, None].cuda()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        t = ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    add("varlen", "sdpa_padded_mask", True, d, L, B, H, "fwd", t, flops, note + f";peak_gib={torch.cuda.max_memory_allocated() / 2**30:.1f}")
+    del q, k, v, do, qp, kp, vp, dop, mask
+    torch.cuda.empty_cache()
+    # 5. decoding: B = 1, H = 8, d = 128, one new token against a 64k cache
+    for B, H, N in ((1, 8, 65536), (1, 32, 65536), (8, 8, 16384)):
+        d = 128
+        g2 = torch.Generator(device="cuda").manual_seed(3)
+        q = torch.randn(B, H, 1, d, device="cuda", dtype=BF16, generator=g2)
+        kc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g2)
+        vc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g2)
+        seqlens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        flops = 4 * B * H * N * d
+        bytes_ = 2 * B * H * N * d * 2
+        for impl, fn in (("flashlab_decode_unsplit", lambda: flash_decode(q, kc, vc, seqlens, num_splits=1, validate=False)),
+                         ("flashlab_decode_split", lambda: flash_decode(q, kc, vc, seqlens, validate=False)),
+                         ("flashlab_fwd", lambda: flash_attention(q, kc, vc, causal=True)),
+                         ("sdpa_flash", lambda: fused_attention_torch(q, kc, vc, False, "flash")),
+                         ("sdpa_cudnn", lambda: fused_attention_torch(q, kc, vc, False, "cudnn")),
+                         ("sdpa_default", lambda: torch.nn.functional.scaled_dot_product_attention(q, kc, vc))):
+            try:
+                with torch.no_grad():
+                    t = ms(fn)
+            except (RuntimeError, ValueError) as exc:
+                print(f"decode {impl}: skipped ({str(exc)[:80]})", flush=True)
+                continue
+            add("decode", impl, False, d, N, B, H, "fwd", t, flops, note=f"GB/s={bytes_ / (t * 1e-3) / 1e9:.0f}")
+        del q, kc, vc
+    return record("beyond", rows, out)
