@@ -234,3 +234,25 @@ def test_gpu_deterministic_backward_is_bitwise_repeatable():
         flash_attention(qq, kk, vv, causal=True).backward(do)
         grads.append(qq.grad)
     assert all(torch.equal(grads[0], x) for x in grads[1:])
+
+
+# --------------------------------------------------------------- TMA descriptors (chapter 6)
+@runs_somewhere
+@pytest.mark.parametrize("causal, window, h_kv", [(False, None, 2), (True, None, 1), (True, (9, -1), 2)])
+def test_tma_loads_match_pointer_loads(causal, window, h_kv):
+    """K and V read through tensor descriptors of the (Z * H_kv * N_k, d) view: ragged key
+    blocks read into the next head's rows (or past the end, zero-filled), and the mask must
+    hide them. Same result as pointer loads up to the order of fp32 sums."""
+    g = torch.Generator(device="cpu").manual_seed(2)
+    q = torch.randn(2, 2, 37 * SIZE, 32, generator=g).to(DEVICE)
+    k, v = (torch.randn(2, h_kv, 53 * SIZE, 32, generator=g).to(DEVICE) for _ in range(2))
+    config = (16, 16, 4, 1) if INTERPRET else (64, 64, 4, 3)
+    o1, l1 = forward(q, k, v, causal, 0.2, config, window=window, tma=True)
+    o2, l2 = forward(q, k, v, causal, 0.2, config, window=window, tma=False)
+    assert (o1 - o2).abs().max().item() < 1e-5 and (l1 - l2).abs().max().item() < 1e-5
+
+
+def test_tma_refused_for_non_contiguous_or_odd_d():
+    q = torch.zeros(1, 1, 8, 40)
+    with pytest.raises(ValueError, match="tma=True needs"):
+        forward(q, q, q, False, 1.0, tma=True)

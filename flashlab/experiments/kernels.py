@@ -69,33 +69,37 @@ def grid(out: Path) -> list[Path]:
 
 # ----------------------------------------------------------------------------- chapter 6
 def pipelining(out: Path) -> list[Path]:
-    """Forward TFLOP/s across num_stages (how many K/V tiles are in flight) and Triton's warp
-    specialisation of the main loop, for two block shapes, at B*N = 16k tokens, H = 2048/d."""
+    """Forward TFLOP/s across num_stages (how many K/V tiles are in flight), Triton's warp
+    specialisation of the main loop, and K/V loads through TMA tensor descriptors vs plain
+    pointer loads, for a few block shapes, at B*N = 16k tokens, H = 2048/d."""
     require_gpu()
     from ..kernels.forward import forward
 
     rows = []
-    cases = [(128, 8192, False, (128, 128, 8)), (128, 8192, False, (128, 64, 4)), (128, 8192, True, (128, 128, 8)),
-             (64, 8192, False, (128, 64, 4)), (64, 8192, False, (128, 128, 8))]
-    for d, N, causal, (bm, bn, warps) in cases:
+    # (d, N, causal, (BLOCK_M, BLOCK_N, warps), stages to try)
+    cases = [(128, 8192, False, (128, 128, 8), (1, 2, 3)), (128, 8192, False, (128, 64, 4), (2,)),
+             (128, 8192, True, (128, 128, 8), (3,)), (64, 8192, False, (128, 64, 4), (3, 4))]
+    for d, N, causal, (bm, bn, warps), stage_list in cases:
         B, H = 16384 // N, 2048 // d
         q, k, v = _qkv(B, H, N, d)
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-        for ws in (False, True):
-            for stages in (1, 2, 3, 4, 5):
-                row = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn, "warps": warps,
-                       "stages": stages, "warp_specialize": ws}
-                try:
-                    with torch.no_grad():
-                        o, _ = forward(q, k, v, causal, d**-0.5, (bm, bn, warps, stages), warp_specialize=ws)
-                        err = (o.float() - ref).abs().max().item()
-                        t = ms(lambda: forward(q, k, v, causal, d**-0.5, (bm, bn, warps, stages), warp_specialize=ws))
-                    row.update(ms=round(t, 5), tflops=_tflops(_fwd_flops(B, H, N, N, d, causal), t),
-                               max_err=f"{err:.2e}", status="ok")
-                except Exception as exc:  # e.g. out of shared memory, or a pass the compiler refuses
-                    row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
-                rows.append(row)
-                print(row, flush=True)
+        for tma in (False, True):
+            for ws in (False, True):
+                for stages in stage_list:
+                    row = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn, "warps": warps,
+                           "stages": stages, "warp_specialize": ws, "tma": tma}
+                    cfg = (bm, bn, warps, stages)
+                    try:
+                        with torch.no_grad():
+                            o, _ = forward(q, k, v, causal, d**-0.5, cfg, warp_specialize=ws, tma=tma)
+                            err = (o.float() - ref).abs().max().item()
+                            t = ms(lambda: forward(q, k, v, causal, d**-0.5, cfg, warp_specialize=ws, tma=tma))
+                        row.update(ms=round(t, 5), tflops=_tflops(_fwd_flops(B, H, N, N, d, causal), t),
+                                   max_err=f"{err:.2e}", status="ok")
+                    except Exception as exc:  # e.g. out of shared memory, or a pass the compiler refuses
+                        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
+                    rows.append(row)
+                    print(row, flush=True)
         del q, k, v, ref
     return record("pipelining", rows, out)
 

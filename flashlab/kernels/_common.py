@@ -33,7 +33,7 @@ LN2 = 0.6931471805599453
 Candidate = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 
 
-def configs(candidates: list[Candidate], wide: list[Candidate], interpret_config: dict) -> list[triton.Config]:
+def configs(candidates: list[Candidate], wide: list[Candidate], interpret_config: dict, pre_hook=None) -> list[triton.Config]:
     """Autotune configurations: ``candidates`` serve head dimensions up to 128, ``wide`` the
     padded head dimension 256, whose tiles must be smaller to fit shared memory (see
     :func:`pruner`). Under the interpreter: a single small one (it would run every config,
@@ -41,7 +41,8 @@ def configs(candidates: list[Candidate], wide: list[Candidate], interpret_config
     if INTERPRET:
         return [triton.Config(interpret_config, num_warps=4, num_stages=1)]
     chosen = [*candidates, *wide] if AUTOTUNE else [candidates[0], wide[0]]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in chosen]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=pre_hook)
+            for bm, bn, w, s in chosen]
 
 
 def pruner(wide: list[Candidate]):

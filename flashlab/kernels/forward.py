@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
 
@@ -32,7 +33,17 @@ from ._common import INTERPRET, Candidate, configs, launch_options, pruner, visi
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
                                (128, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4)]
 WIDE_CANDIDATES: list[Candidate] = [(64, 32, 4, 2), (64, 64, 8, 2)]  # d = 256: Q, K, V tiles of 256 columns
-_CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16})
+
+
+def _descriptor_blocks(nargs: dict) -> None:
+    """Autotune pre-hook: a TMA descriptor's block shape follows the configuration's BLOCK_N."""
+    for name in ("DESC_K", "DESC_V"):
+        if isinstance(nargs[name], TensorDescriptor):
+            nargs[name].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]
+
+
+_CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
+                   pre_hook=_descriptor_blocks)
 
 
 @triton.jit
@@ -61,20 +72,26 @@ def online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED: tl.constexpr, IE
 @triton.jit
 def _attend(
     acc, l_i, m_i, q,  # running state (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,); the query tile
-    k_ptrs, v_ptrs, stride_kn, stride_vn,
+    k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
     offs_m, offs_n, offs_d, lo, hi, qk_scale, N_K, diag_lo, diag_hi,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
+    MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr, TMA: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i). MASKED blocks check key bounds and the
     band diag_lo <= j - i <= diag_hi (causal: diag_hi = N_K - N_Q); unmasked ones are known
-    to be fully visible. WS asks Triton to warp-specialise the loop (loads in a producer warp)."""
+    to be fully visible. WS asks Triton to warp-specialise the loop (loads in a producer warp).
+    TMA loads K_j, V_j through tensor descriptors (Hopper's bulk copy engine) from row
+    kv_row0 + start_n of the (rows, d) view; rows past N_K belong to the next head (or are
+    zero-filled past the tensor's end) and are masked out of S like any ragged tail."""
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
     d_ok = offs_d < D_HEAD
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         n = start_n + offs_n  # (BLOCK_N,) key indices
-        if MASKED:
+        if TMA:
+            k = desc_k.load([kv_row0 + start_n, 0]).T  # (BLOCK_D, BLOCK_N) = K_j^T
+            v = desc_v.load([kv_row0 + start_n, 0])  # (BLOCK_N, BLOCK_D)
+        elif MASKED:
             k = tl.load(k_ptrs, mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N) = K_j^T
             v = tl.load(v_ptrs, mask=(n[:, None] < N_K) & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
         elif BLOCK_D != D_HEAD:
@@ -102,14 +119,14 @@ def _attend(
 
 @triton.jit
 def _forward_block(
-    start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE,
+    start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE, DESC_K, DESC_V, kv_row0,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
     q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr, WS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr, WS: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Query block ``start_m`` of head (off_z, off_h): FA2 Algorithm 1, lines 4-13.
     q_start/k_start: first row of this sequence (varlen; 0 otherwise)."""
@@ -137,15 +154,15 @@ def _forward_block(
     diag_hi = causal_offset + win_right
     k_lo, full_lo, full_hi, k_hi = visible_range_tl(start_m * BLOCK_M, BLOCK_M, N_Q, diag_lo, diag_hi, N_K, BLOCK_N)
     if WINDOW:  # a sliding window's left edge: partly visible blocks before the interior
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DESC_K, DESC_V, kv_row0,
                                 offs_m, offs_n, offs_d, k_lo, full_lo, qk_scale, N_K, diag_lo, diag_hi,
-                                D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False, TMA)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DESC_K, DESC_V, kv_row0,
                             offs_m, offs_n, offs_d, full_lo, full_hi, qk_scale, N_K, diag_lo, diag_hi,
-                            D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, IEEE, WS)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                            D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, IEEE, WS, TMA)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DESC_K, DESC_V, kv_row0,
                             offs_m, offs_n, offs_d, full_hi, k_hi, qk_scale, N_K, diag_lo, diag_hi,
-                            D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False)
+                            D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False, TMA)
 
     # Rows that saw no key (causal with N_Q > N_K, or a window) have l = 0: output 0, lse = -inf.
     seen = l_i > 0
@@ -163,6 +180,7 @@ def _forward_block(
 def _forward_kernel(
     Q, K, V, O, LSE,  # O like Q; LSE fp32, log2 units: (Z, H, N_Q), or (H, total_q) for varlen
     CU_Q, CU_K,  # varlen: (Z + 1,) int32 cumulative sequence starts; unused otherwise
+    DESC_K, DESC_V,  # TMA: tensor descriptors of K and V as (Z * H_kv * N_K, d); unused otherwise
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -170,7 +188,7 @@ def _forward_kernel(
     H, GROUP, N_Q, N_K, qk_scale, win_left, win_right,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
     VARLEN: tl.constexpr, PER_HEAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid (query blocks, Z * H) — FlashAttention-2's partitioning (§3.2) — or, with
     PER_HEAD, (1, Z * H) with each program looping over all query blocks of its head:
@@ -187,26 +205,36 @@ def _forward_kernel(
         k_start = tl.load(CU_K + off_z)
         N_Q = tl.load(CU_Q + off_z + 1) - q_start
         N_K = tl.load(CU_K + off_z + 1) - k_start
+    kv_row0 = (off_z * (H // GROUP) + off_hkv) * N_K  # TMA: this K/V head's first row
     if PER_HEAD:
         for start_m in range(0, tl.cdiv(N_Q, BLOCK_M)):
-            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE,
+            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE, DESC_K, DESC_V, kv_row0,
                            stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
                            stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
                            stride_lz, stride_lh, q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
-                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, BLOCK_M, BLOCK_N)
+                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, TMA, BLOCK_M, BLOCK_N)
     else:
         start_m = tl.program_id(0)
         if start_m * BLOCK_M < N_Q:  # varlen: programs past a short sequence's end do nothing
-            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE,
+            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE, DESC_K, DESC_V, kv_row0,
                            stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
                            stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
                            stride_lz, stride_lh, q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
-                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, BLOCK_M, BLOCK_N)
+                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, TMA, BLOCK_M, BLOCK_N)
+
+
+def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether K and V can be read through 2-D tensor descriptors: a Hopper-or-newer GPU (or
+    Triton's interpreter, which emulates them), contiguous K and V, and a power-of-two head
+    dimension >= 16 (rows of 16-byte multiples, no padded columns)."""
+    d = k.shape[-1]
+    hardware = INTERPRET or (k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9)
+    return hardware and k.is_contiguous() and v.is_contiguous() and d >= 16 and d & (d - 1) == 0
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             config: Candidate | None = None, *, window: tuple[int, int] | None = None,
-            grid: str = "v2", warp_specialize: bool = False,
+            grid: str = "v2", warp_specialize: bool = False, tma: bool | None = False,
             cu_seqlens: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel. q (Z, H, N_q, d), k and v (Z, H_kv, N_k, d), checked by the caller.
@@ -215,6 +243,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     - ``window`` = (left, right) sliding window, -1 = unbounded (flash-attn's convention);
     - ``grid`` = "v2" (query blocks x heads) or "v1" (one program per head, chapter 5);
     - ``warp_specialize`` = let Triton split the main loop into producer/consumer warps (chapter 6);
+    - ``tma`` = load K and V through tensor descriptors (True: required; None: when
+      :func:`tma_eligible`; False: pointer loads), chapter 6;
     - ``cu_seqlens`` = (cu_q, cu_k, max_seqlen_q, max_seqlen_k) for packed varlen input: then q is
       (1, H, total_q, d) and k, v (1, H_kv, total_k, d) views of (total, heads, d) tensors.
 
@@ -239,14 +269,24 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     left, right = window_bounds(causal, window, n_q, n_k)
     if grid not in ("v1", "v2"):
         raise ValueError(f"grid must be 'v1' or 'v2'; got {grid!r}")
+    eligible = cu_seqlens is None and tma_eligible(q, k, v)
+    if tma and not eligible:
+        raise ValueError("tma=True needs a Hopper GPU, contiguous K and V, a power-of-two head dimension and no varlen; "
+                         f"got device {k.device}, contiguous {k.is_contiguous() and v.is_contiguous()}, d = {D}")
+    use_tma = eligible if tma is None else bool(tma)
+    desc_k, desc_v = k, v  # unused placeholders unless TMA
+    if use_tma:  # 2-D views (Z * H_kv * N_k, d); the block shape is set per configuration
+        bn = config[1] if config is not None else 16
+        desc_k = TensorDescriptor.from_tensor(k.view(-1, D), [bn, block_d])
+        desc_v = TensorDescriptor.from_tensor(v.view(-1, D), [bn, block_d])
     per_head = grid == "v1"
     launch = lambda meta: (1 if per_head else triton.cdiv(n_q, meta["BLOCK_M"]), seqs * H)  # noqa: E731
     kernel = _forward_kernel if config is None else _forward_kernel.fn
     kernel[launch](
-        q, k, v, o, lse2, cu_q, cu_k, *strides,
+        q, k, v, o, lse2, cu_q, cu_k, desc_k, desc_v, *strides,
         H, H // H_KV, n_q, n_k, scale * 1.4426950408889634, left, right,  # scale * log2(e)
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, WINDOW=window is not None, VARLEN=cu_seqlens is not None,
-        PER_HEAD=per_head, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32, WS=warp_specialize,
+        PER_HEAD=per_head, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32, WS=warp_specialize, TMA=use_tma,
         **launch_options(config),
     )
     return o, lse2
