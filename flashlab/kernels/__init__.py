@@ -63,7 +63,6 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | Non
         raise ValueError(
             f"the number of K/V heads must divide the number of query heads (GQA/MQA); got {H} query heads and {H_KV} K/V heads"
         )
-    check_runnable(q.device)
     return check_scale(scale, d)
 
 
@@ -126,6 +125,7 @@ def flash_attention(
     """
     scale = _check(q, k, v, scale)
     window = check_window(window)
+    check_runnable(q.device)  # last: every argument is checked wherever the tensors live
     o, lse2 = FlashAttentionFunction.apply(q, k, v, bool(causal), scale, window, bool(deterministic), None)
     if return_lse:
         return o, lse2 * LN2  # log2 units -> natural log
@@ -171,6 +171,7 @@ def flash_attention_varlen(
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k", q.device)
     if cu_q.numel() != cu_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences; got {cu_q.numel() - 1} and {cu_k.numel() - 1}")
+    check_runnable(q.device)
     packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731  (total, H, d) -> (1, H, total, d) view
     o, lse2 = FlashAttentionFunction.apply(packed(q), packed(k), packed(v), bool(causal), scale, window,
                                            bool(deterministic), (cu_q, cu_k, max_seqlen_q, max_seqlen_k))

@@ -266,9 +266,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         lse2 = torch.empty((Z, H, N_Q), device=q.device, dtype=torch.float32)
         strides = [*q.stride(), *k.stride(), *v.stride(), *o.stride(), lse2.stride(0), lse2.stride(1)]
         n_q, n_k = N_Q, N_K
-    left, right = window_bounds(causal, window, n_q, n_k)
     if grid not in ("v1", "v2"):
         raise ValueError(f"grid must be 'v1' or 'v2'; got {grid!r}")
+    left, right = window_bounds(causal, window, n_q, n_k)
     eligible = cu_seqlens is None and tma_eligible(q, k, v)
     if tma and not eligible:
         raise ValueError("tma=True needs a Hopper GPU, contiguous K and V, a power-of-two head dimension and no varlen; "

@@ -1,0 +1,125 @@
+"""FP8 forward (FlashAttention-3 §3.3): speed beside bf16, and accuracy on outliers.
+
+    python -m flashlab.experiments fp8 --out results
+
+Two tables, measured on the GPU in one process:
+
+``fp8_bench``: forward time of flashlab's bf16 kernel, flashlab's FP8 kernel on inputs
+quantised beforehand (``flashlab_fp8``) and with the quantisation timed too
+(``flashlab_fp8_incl_quant``: amax per block, scale, cast, V transposed to keys-contiguous),
+and torch SDPA's flash backend; B·N = 16384 tokens, H = 2048 / d heads, d = 128 and 64,
+N from 1024 to 16384, causal and not. Columns impl, dtype, causal, d, N, B, H, pass, ms,
+tflops as in flashlab.bench (FLOPs = 4 B H N^2 d, halved when causal).
+
+``fp8_rmse``: RMSE against exact float64 attention on reference.fp8.outlier_inputs
+(N(0,1) + N(0,100) x Bernoulli(0.001)), N = 1024, d = 128, one row per seed and method:
+bf16 flashlab, fp8 per-tensor (one descale per head), fp8 per-block, fp8 per-block +
+hadamard, and fp8 per-tensor + hadamard (FA3's own combination), per-block with the
+benchmark's blocks of 128 rows.
+
+Importable without a GPU; :func:`run` needs one (FP8 tensor cores: sm_89 or newer).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import ms, record, require_gpu
+
+TOKENS = 16384  # B * N
+HEADS_X_D = 2048  # H * d
+NS = (1024, 2048, 4096, 8192, 16384)
+DS = (128, 64)
+BLOCK = 128  # rows per descale: one kernel tile of queries, one or two of keys
+RMSE_N, RMSE_D, RMSE_SEEDS = 1024, 128, (0, 1, 2, 3, 4)
+METHODS = {  # name -> (block, hadamard); None: bf16
+    "bf16 flashlab": None,
+    "fp8 per-tensor": (None, False),
+    "fp8 per-block": (BLOCK, False),
+    "fp8 per-block + hadamard": (BLOCK, True),
+    "fp8 per-tensor + hadamard": (None, True),
+}
+
+
+def _flops(B: int, H: int, N: int, d: int, causal: bool) -> float:
+    f = 4.0 * B * H * N * N * d
+    return f / 2 if causal else f
+
+
+def _impls(q, k, v, pre: dict, causal: bool) -> dict:
+    """(impl, dtype) -> a function that runs one forward pass."""
+    from ..bench import fused_attention_torch
+    from ..kernels import flash_attention
+    from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
+
+    return {
+        ("flashlab", "bfloat16"): lambda: flash_attention(q, k, v, causal=causal),
+        ("flashlab_fp8", "float8_e4m3fn"): lambda: flash_attention_fp8(**pre, causal=causal),
+        ("flashlab_fp8_incl_quant", "float8_e4m3fn"):
+            lambda: flash_attention_fp8(**quantize_qkv(q, k, v, block=BLOCK), causal=causal),
+        ("sdpa_flash", "bfloat16"): lambda: fused_attention_torch(q, k, v, causal, "flash"),
+    }
+
+
+def bench_rows() -> list[dict[str, object]]:
+    from ..kernels.fp8 import quantize_qkv
+
+    rows: list[dict[str, object]] = []
+    jobs = [(d, n) for d in DS for n in NS]
+    for i, (d, n) in enumerate(jobs, 1):
+        B, H = TOKENS // n, HEADS_X_D // d
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+        pre = quantize_qkv(q, k, v, block=BLOCK)
+        for causal in (False, True):
+            for (impl, dtype), fn in _impls(q, k, v, pre, causal).items():
+                try:
+                    with torch.no_grad():
+                        t = ms(fn)
+                except (RuntimeError, ValueError) as exc:  # a backend that refuses the shape, or OOM
+                    print(f"[{i}/{len(jobs)}] {impl} d={d} N={n} causal={causal}: skipped ({str(exc)[:100]})",
+                          flush=True)
+                    continue
+                row = {"impl": impl, "dtype": dtype, "causal": causal, "d": d, "N": n, "B": B, "H": H, "pass": "fwd",
+                       "ms": round(t, 5), "tflops": round(_flops(B, H, n, d, causal) / (t * 1e-3) / 1e12, 2)}
+                rows.append(row)
+                print(f"[{i}/{len(jobs)}] {impl:>23} d={d} causal={causal!s:5} N={n:>5}: {t:8.3f} ms "
+                      f"{row['tflops']:7.1f} TFLOP/s", flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def rmse_rows() -> list[dict[str, object]]:
+    from ..kernels import flash_attention
+    from ..kernels.fp8 import flash_attention_fp8_from
+    from ..reference import attention
+    from ..reference.fp8 import outlier_inputs, rmse
+
+    rows: list[dict[str, object]] = []
+    for seed in RMSE_SEEDS:
+        q, k, v = outlier_inputs(RMSE_N, RMSE_D, seed)
+        exact = attention(q, k, v)  # float64
+        qt, kt, vt = (torch.from_numpy(x)[None, None].to("cuda", torch.float32) for x in (q, k, v))
+        for method, how in METHODS.items():
+            if how is None:
+                o = flash_attention(qt.bfloat16(), kt.bfloat16(), vt.bfloat16())
+            else:
+                block, hadamard = how
+                o = flash_attention_fp8_from(qt, kt, vt, block=block, hadamard=hadamard, seed=seed)
+            err = rmse(o[0, 0].double().cpu().numpy(), exact)
+            rows.append({"seed": seed, "method": method, "block": how[0] if how and how[0] else 0,
+                         "N": RMSE_N, "d": RMSE_D, "rmse": float(np.format_float_scientific(err, 4))})
+            print(f"rmse seed={seed} {method:>26}: {err:.3e}", flush=True)
+    return rows
+
+
+def run(out: Path) -> list[Path]:
+    require_gpu()
+    if torch.cuda.get_device_capability() < (8, 9):
+        raise RuntimeError(f"the FP8 experiment needs FP8 tensor cores (sm_89 or newer); got {torch.cuda.get_device_name()}")
+    paths = record("fp8_rmse", rmse_rows(), out)  # small and quick: first, so a slow benchmark cannot lose it
+    paths += record("fp8_bench", bench_rows(), out)
+    return paths

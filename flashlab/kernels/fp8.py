@@ -1,0 +1,491 @@
+"""FP8 (e4m3) FlashAttention forward kernel (FlashAttention-3 §3.3) in Triton.
+
+Q, K and V arrive as float8_e4m3fn numbers with float32 *descales*: x ~ x8 * descale,
+one descale per (batch, head) or per block of rows (see :func:`quantize_fp8`). One
+program computes one block of BLOCK_M query rows of one (batch, head), with the
+FlashAttention-2 structure of :mod:`.forward`:
+
+    r_i   = scale * log2(e) * dq_i                     one factor per query row (Q's descale)
+    for each key block j (K8_j, V8_j streamed from HBM):
+        S_ij  = (Q8_i K8_j^T) * r_i * dk_j            fp8 x fp8 tensor-core dot, fp32 accumulator;
+                                                       the descales scale the fp32 result (§3.3)
+        m_new = max(m, rowmax(S_ij))                   running max, log2 units
+        P_ij  = exp2(S_ij - m_new + 8)                 = 2^8 exp2(S_ij - m_new), in (0, 256]
+        l     = exp2(m - m_new) l + rowsum(P_ij)       the row sum of the *unrounded* P
+        O     = exp2(m - m_new) (u/dv_j) O + fp8(P_ij) V8_j   O kept in units of u = dv_j
+    O = O * u / l                                      divide once, at the end; the 2^8 cancels
+
+P is cast to FP8 for the second tensor-core dot. Its entries lie in (0, 1]; e4m3 has
+normal numbers only down to 2^-6, so FlashAttention-3 subtracts 8 from the max
+(``Max_offset = 8`` in its softmax): P is then 2^8 times larger, in (0, 256] (e4m3
+reaches 448), so entries down to 2^-14 of the row max keep the full 3-bit mantissa.
+l sums the same scaled values, so O / l needs no 1/256 at all.
+
+Descales (缩放因子). q_descale is (B, H, ceil(N_q / q_block)), row i uses entry
+i // q_block; likewise k_descale and v_descale along N_k; block None means one
+descale per (batch, head), shape (B, H, 1). The quantisation blocks need not match
+the kernel's tiles (BLOCK_M, BLOCK_N, chosen by autotuning): Q's descales are gathered
+once per program, one per row; K's is one scalar per key tile when k_block is a
+multiple of BLOCK_N, else a vector of BLOCK_N (one per key). V's must be one scalar
+per key tile (v_block a multiple of BLOCK_N, or None): it cannot scale P's columns
+before the fp8 cast without changing P's grid, so the kernel keeps O in units of the
+current tile's descale u and rescales O by u_old / u_new with the softmax's alpha,
+a per-row factor that costs nothing extra per element.
+
+V's layout. On Hopper (sm_90) an fp8 wgmma takes its B operand from shared memory in
+K-major order only (fp16/bf16 also accept MN-major). For S = Q K^T, B = K^T and K's rows
+(N, d), d contiguous, are K-major already. For O = P V the reduction runs over keys, so
+V should be stored with N contiguous: :func:`quantize_qkv` returns V as a (B, H, N, d)
+*view* of (B, H, d, N) memory, as the Triton tutorial does for fp8. The kernel reads
+any strides, so a plain (B, H, N, d) V also gives the right answer, but slower: on the
+lent H200 (triton 3.6; B=4, H=16, N=4096, d=128, non-causal) 0.82 ms (673 TFLOP/s) with
+keys-contiguous V against 2.02 ms (272 TFLOP/s) with d-contiguous V.
+
+Incoherent processing (非相干处理, §3.3): :func:`rotate` multiplies Q and K by the same
+random orthogonal M = D H / sqrt(d) (D a random +-1 diagonal, H the Hadamard matrix),
+so (Q M)(K M)^T = Q K^T while an outlier in one coordinate spreads over all d of them.
+
+Under the interpreter (TRITON_INTERPRET=1) fp8 loads and fp8 ``tl.dot`` are exact, but the
+fp32 -> fp8 cast rounds wrongly when rounding carries into the next binade (7.9 -> 4
+instead of 8) and in the subnormal range. The kernel then rounds P itself with
+:func:`round_e4m3` (round to nearest, ties to even, as the hardware's cvt.rn does) before
+the cast, which is then exact; on a GPU it casts directly.
+
+Glossary: 量化 quantisation; 反量化 dequantisation (x8 * descale); descale = 缩放因子 (the
+inverse of the factor that scaled x into FP8 range); amax = 绝对值最大值; e4m3 = 4 exponent
+bits, 3 mantissa bits (指数位, 尾数位); block quantisation = 分块量化; outlier = 离群值;
+BLOCK_M = B_r (行块); BLOCK_N = B_c (列块); m = running max (当前最大值); l = running sum
+(分母); acc = unnormalised O (累加器); tensor core = 张量核心.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    INTERPRET,
+    LOG2E,
+    SUPPORTED_DTYPES,
+    Candidate,
+    check_head_dim,
+    check_runnable,
+    check_scale,
+    check_tensors,
+    configs,
+    launch_options,
+    pruner,
+)
+
+__all__ = ["CANDIDATES", "FP8_MAX", "P_SHIFT", "WIDE_CANDIDATES", "dequantize_fp8", "flash_attention_fp8",
+           "flash_attention_fp8_from", "quantize_fp8", "quantize_qkv", "rotate"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn number, 1.75 x 2^8
+P_SHIFT = 8.0  # P is computed as 2^P_SHIFT exp2(S - m): (0, 256] instead of (0, 1]
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# (BLOCK_M, BLOCK_N, warps, stages) for sm_90; few, so that autotuning compiles little.
+CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3)]
+WIDE_CANDIDATES: list[Candidate] = [(128, 64, 8, 2), (64, 64, 4, 2)]  # d = 256
+_CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16})
+_by_width = pruner(WIDE_CANDIDATES)
+
+
+def _prune(configs_, named_args, **kwargs):
+    """Configurations for the head dimension (see _common.pruner) whose BLOCK_N divides
+    v_block: V's descale must be one scalar per key tile."""
+    kept = _by_width(configs_, named_args, **kwargs)
+    v_sb = kwargs["V_SB"] if "V_SB" in kwargs else named_args["V_SB"]
+    return [c for c in kept if v_sb == 0 or v_sb % c.kwargs["BLOCK_N"] == 0]
+
+
+@triton.jit
+def round_e4m3(x):
+    """x >= 0 rounded to the nearest e4m3 number, ties to even (no saturation: here x <= 256).
+
+    The arithmetic of reference.fp8.round_to_fp8: the binade's exponent e (never below the
+    subnormal range's -6) gives the grid spacing 2^(e-3); x / 2^(e-3) < 16 is rounded to an
+    integer by adding and subtracting 2^23 in fp32 (round to nearest even). Used only under
+    the interpreter, whose own fp32 -> fp8 cast gets carries into the next binade wrong."""
+    bits = x.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # floor(log2 x), at least 1 - bias
+    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
+    y = x / quantum  # exact: a power of two
+    r = (y + 8388608.0) - 8388608.0  # nearest integer, ties to even (0 <= y < 2^23)
+    return r * quantum
+
+
+@triton.jit
+def _attend_fp8(
+    acc, l_i, m_i, v_unit, q, row_factor,  # running state; Q8_i; r_i = scale * log2(e) * dq_i (BLOCK_M,)
+    k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
+    offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_SB: tl.constexpr, V_SB: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr,
+):
+    """Fold key blocks [lo, hi) into (acc, l_i, m_i, v_unit). MASKED blocks check key bounds
+    (and the causal diagonal); unmasked ones are known to be fully visible."""
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    d_ok = offs_d < D_HEAD
+    for start_n in range(lo, hi, BLOCK_N):
+        n = start_n + offs_n  # (BLOCK_N,) key indices
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N) = K8_j^T
+            v = tl.load(v_ptrs, mask=(n[:, None] < N_K) & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D) = V8_j
+        elif BLOCK_D != D_HEAD:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
+        # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result.
+        if K_SB == 0:  # dk per (batch, head): already folded into row_factor
+            s = qk * row_factor[:, None]
+        elif K_SB % BLOCK_N == 0:  # the whole key tile shares one descale
+            kd = tl.load(kd_ptr + (start_n // K_SB) * stride_kdb)
+            s = qk * (row_factor * kd)[:, None]
+        else:  # quantisation blocks cut through the tile: one descale per key
+            kd = tl.load(kd_ptr + (n // K_SB) * stride_kdb, mask=n < N_K, other=1.0)
+            s = qk * row_factor[:, None] * kd[None, :]
+        if MASKED:
+            visible = n[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
+        m_ref = m_new
+        if MASKED:
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
+        alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
+        p = tl.math.exp2(s - (m_ref - 8.0)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new) in (0, 256] (P_SHIFT)
+        l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
+        if EMULATE_CAST:
+            p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
+        p8 = p.to(tl.float8e4nv)  # fp8(P_ij): round to nearest even
+        if V_SB == 0:
+            acc = acc * alpha[:, None]  # O = alpha O ...
+        else:  # V_j has its own descale dv_j: keep O in units of it
+            vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
+            acc = acc * (alpha * (v_unit / vd))[:, None]
+            v_unit = vd
+        acc = tl.dot(p8, v, acc)  # ... + fp8(P_ij) V8_j, fp8 x fp8 with the fp32 accumulator
+        m_i = m_new
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i, v_unit
+
+
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _fp8_forward_kernel(
+    Q, K, V, O, QD, KD, VD,  # Q, K, V fp8 (Z, H, N, d) any strides; O (Z, H, N_Q, d); descales fp32 (Z, H, nb)
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_qdz, stride_qdh, stride_qdb,
+    stride_kdz, stride_kdh, stride_kdb,
+    stride_vdz, stride_vdh, stride_vdb,
+    H, N_Q, N_K, qk_scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+    Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
+    EMULATE_CAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    off_zh = tl.program_id(1)
+    off_z = off_zh // H
+    off_h = off_zh % H
+    causal_offset = N_K - N_Q  # bottom-right alignment
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)  # head dim padded to a power of two; loads masked to D_HEAD
+    d_ok = offs_d < D_HEAD
+    row_ok = offs_m < N_Q
+
+    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    k_ptrs = K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    qd_ptr = QD + off_z * stride_qdz + off_h * stride_qdh
+    kd_ptr = KD + off_z * stride_kdz + off_h * stride_kdh
+    vd_ptr = VD + off_z * stride_vdz + off_h * stride_vdh
+
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # Q8_i stays on chip
+    # r_i = scale * log2(e) * dq_i, one factor per query row
+    if Q_SB == 0:
+        row_factor = tl.full([BLOCK_M], 1.0, tl.float32) * (qk_scale * tl.load(qd_ptr))
+    else:
+        row_factor = qk_scale * tl.load(qd_ptr + (offs_m // Q_SB) * stride_qdb, mask=row_ok, other=1.0)
+    if K_SB == 0:
+        row_factor = row_factor * tl.load(kd_ptr)  # one dk for every key
+    if V_SB == 0:
+        v_unit = tl.load(vd_ptr)  # one dv for every key: applied once, at the end
+    else:
+        v_unit = tl.load(vd_ptr) * 0.0 + 1.0  # replaced by the first tile's dv (fp32 scalar)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Which key blocks to visit (see _common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
+    full_n = (N_K // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum(tl.maximum(start_m * BLOCK_M + BLOCK_M + causal_offset, 0), N_K)
+        lo = tl.minimum((tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N, full_n)
+    else:
+        hi = N_K
+        lo = full_n
+    acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
+                                        k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
+                                        offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST)
+    acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
+                                        k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
+                                        offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST)
+
+    # O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels).
+    # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0.
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    acc = acc * (v_unit / l_safe)[:, None]
+    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+# ----------------------------------------------------------------------------- host side
+def _check_block(name: str, block) -> int | None:
+    if block is None:
+        return None
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"{name} must be None or a positive int; got {block!r}")
+    return block
+
+
+def _check_float_tensor(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be 4-D (batch, heads, seq_len, head_dim); got shape {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must have dtype float16, bfloat16 or float32; got {x.dtype}")
+
+
+def quantize_fp8(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and round ``x`` (B, H, N, d) to float8_e4m3fn: ``x ~ x8 * descale``.
+
+    descale = amax(|x|) / 448 over each (batch, head) (``block=None``: shape (B, H, 1)) or over
+    each block of ``block`` rows along N (shape (B, H, ceil(N / block)), the last block ragged);
+    an all-zero block gets descale 1. The division runs in float32 and torch's own cast rounds
+    (to nearest, ties to even; correct on CPU and GPU). For one (batch, head) this is
+    reference.fp8.quantize.
+
+    Returns ``(x8, descale)``: x8 float8_e4m3fn (B, H, N, d) contiguous, descale float32.
+    """
+    _check_float_tensor("x", x)
+    block = _check_block("block", block)
+    B, H, N, d = x.shape
+    rows = N if block is None else block
+    nb = max(1, -(-N // rows))
+    pad = nb * rows - N
+    if pad:  # zero rows: no effect on amax
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+    blocks = x.reshape(B, H, nb, rows, d)  # a view when x is contiguous
+    # Few passes over memory (timed in the experiment's flashlab_fp8_incl_quant): max |x| in one
+    # reduction (no |x| temporary), x / descale in float32, the cast.
+    amax = torch.linalg.vector_norm(blocks, ord=float("inf"), dim=(-2, -1)).float()  # (B, H, nb)
+    descale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scaled = torch.div(blocks, descale[..., None, None])  # float32 (bf16 / fp32 promotes)
+    # |scaled| <= amax / fl(amax / 448) < 448 (1 + 2^-22): beyond 448 by an ulp at most, which
+    # rounds back to 448 (the midpoint to the next binade is 464), so no clamp is needed.
+    x8 = scaled.to(FP8_DTYPE).view(B, H, nb * rows, d)
+    if pad:
+        x8 = x8[:, :, :N].contiguous()
+    return x8, descale.contiguous()
+
+
+def dequantize_fp8(x8: torch.Tensor, descale: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """``x8 * descale`` in float32, each descale broadcast over its rows (see :func:`quantize_fp8`)."""
+    block = _check_block("block", block)
+    N = x8.shape[-2]
+    rows = descale.repeat_interleave(N if block is None else block, dim=-1)[..., :N]  # (B, H, N)
+    return x8.float() * rows[..., None].float()
+
+
+@functools.lru_cache(maxsize=16)
+def _orthogonal(d: int, seed: int):
+    from ..reference.fp8 import random_orthogonal
+
+    return random_orthogonal(d, seed).matrix  # float64 numpy (d, d): D H / sqrt(d)
+
+
+def rotate(q: torch.Tensor, k: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Incoherent processing: ``(q M, k M)`` in float32, M = D H / sqrt(d) the random orthogonal
+    matrix of reference.fp8.random_orthogonal(d, seed) (d a power of two). M M^T = I, so
+    (q M)(k M)^T = q k^T; an outlier of one coordinate is spread over all d of them.
+    A dense (d, d) product on q's device: 2 d^2 flops a row, small beside attention's 4 N d."""
+    _check_float_tensor("q", q)
+    _check_float_tensor("k", k)
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
+    if d & (d - 1):
+        raise ValueError(f"rotate needs a head dimension d that is a power of two; got d={d}")
+    m = torch.from_numpy(_orthogonal(d, int(seed))).to(device=q.device, dtype=torch.float32)
+    return q.float() @ m, k.float() @ m
+
+
+def _n_contiguous(v: torch.Tensor) -> torch.Tensor:
+    """The same (B, H, N, d) values stored as (B, H, d, N): keys contiguous (see V's layout)."""
+    return v.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int | None = 128,
+                 hadamard: bool = False, seed: int = 0) -> dict:
+    """Quantise q, k, v for :func:`flash_attention_fp8`: ``flash_attention_fp8(**quantize_qkv(q, k, v))``.
+
+    ``block`` rows share a descale (None: one per batch and head); ``hadamard`` first rotates q
+    and k (:func:`rotate`). V is returned in the keys-contiguous layout the fp8 P V dot wants.
+    Returns a dict with q, k, v, q_descale, k_descale, v_descale, q_block, k_block, v_block."""
+    if hadamard:
+        q, k = rotate(q, k, seed)
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_fp8(t, block) for t in (q, k, v))
+    return {"q": q8, "k": k8, "v": _n_contiguous(v8), "q_descale": qd, "k_descale": kd, "v_descale": vd,
+            "q_block": block, "k_block": block, "v_block": block}
+
+
+def _check_fp8_inputs(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seq_len, head_dim); got shape {tuple(t.shape)}")
+        if t.dtype != FP8_DTYPE:
+            raise TypeError(f"{name} must have dtype torch.float8_e4m3fn (quantise it with quantize_fp8); got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"q and {name} must be on the same device; got q on {q.device}, {name} on {t.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[:2] != q.shape[:2]:
+        raise ValueError(f"q, k and v must have the same batch size and number of heads; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
+
+
+def _descale(name: str, descale, block: int | None, B: int, H: int, N: int, device) -> torch.Tensor:
+    nb = 1 if block is None else -(-N // block)
+    if descale is None:
+        if block is not None:
+            raise ValueError(f"{name} must be given when its block is set; got None with block {block}")
+        return torch.ones(B, H, 1, device=device, dtype=torch.float32)
+    if not isinstance(descale, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None; got {type(descale).__name__}")
+    if descale.dtype != torch.float32:
+        raise TypeError(f"{name} must have dtype float32; got {descale.dtype}")
+    if descale.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}; got {descale.device}")
+    if tuple(descale.shape) != (B, H, nb):
+        what = "(B, H, 1) for one descale per batch and head" if block is None else f"(B, H, ceil({N} / {block}))"
+        raise ValueError(f"{name} must have shape {what} = {(B, H, nb)}; got {tuple(descale.shape)}")
+    return descale
+
+
+def _check_fp8_device(device: torch.device) -> None:
+    check_runnable(device)
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise ValueError(f"the FP8 kernel needs FP8 tensor cores (compute capability 8.9 or newer); got {name} "
+                         f"with {torch.cuda.get_device_capability(device)}")
+
+
+def flash_attention_fp8(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None,
+    q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
+    v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
+) -> torch.Tensor:
+    """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
+
+    Parameters
+    ----------
+    q : float8_e4m3fn (B, H, N_q, d); k, v : float8_e4m3fn (B, H, N_k, d), any strides (V best
+        stored keys-contiguous, see the module docstring); d <= 256.
+    causal : mask keys after the query, aligned bottom-right when N_q != N_k.
+    scale : softmax scale, default 1/sqrt(d).
+    q_descale, k_descale, v_descale : float32 (B, H, ceil(N / block)), or (B, H, 1) when the
+        block is None; None means 1 (the fp8 values are the true values).
+    q_block, k_block, v_block : rows per descale (None: one per batch and head). v_block must be
+        a multiple of the kernel's BLOCK_N (64 or 128 on a GPU, 16 under the interpreter).
+    out_dtype : bfloat16 (default), float16 or float32.
+    config : (BLOCK_M, BLOCK_N, warps, stages) to bypass autotuning (tests).
+
+    Returns o (B, H, N_q, d) in ``out_dtype``.
+    """
+    _check_fp8_inputs(q, k, v)
+    B, H, N_Q, D = q.shape
+    N_K = k.shape[2]
+    check_head_dim(D)
+    _check_fp8_device(q.device)
+    scale = check_scale(scale, D)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32; got {out_dtype}")
+    q_block, k_block, v_block = (_check_block(n, b) for n, b in (("q_block", q_block), ("k_block", k_block),
+                                                                  ("v_block", v_block)))
+    qd = _descale("q_descale", q_descale, q_block, B, H, N_Q, q.device)
+    kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
+    vd = _descale("v_descale", v_descale, v_block, B, H, N_K, q.device)
+    block_d = max(32, triton.next_power_of_2(D))  # fp8 dots reduce over at least 32
+    if v_block is not None:
+        if config is not None:
+            tiles = {config[1]}
+        elif INTERPRET:
+            tiles = {c.kwargs["BLOCK_N"] for c in _CONFIGS}
+        else:
+            tiles = {c[1] for c in (WIDE_CANDIDATES if block_d >= 256 else CANDIDATES)}
+        if not any(v_block % bn == 0 for bn in tiles):
+            raise ValueError(f"v_block must be a multiple of the kernel's BLOCK_N (one of {sorted(tiles)}); got {v_block}")
+    o = torch.empty((B, H, N_Q, D), device=q.device, dtype=out_dtype)
+    if B * H * N_Q == 0:
+        return o
+    grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), B * H)
+    kernel = _fp8_forward_kernel if config is None else _fp8_forward_kernel.fn
+    kernel[grid](
+        q, k, v, o, qd, kd, vd,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *qd.stride(), *kd.stride(), *vd.stride(),
+        H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
+        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
+        Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET,
+        **launch_options(config),
+    )
+    return o
+
+
+def flash_attention_fp8_from(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None, *,
+    block: int | None = 128, hadamard: bool = False, seed: int = 0, out_dtype: torch.dtype | None = None,
+    config: Candidate | None = None,
+) -> torch.Tensor:
+    """FP8 attention of bf16/fp16/fp32 inputs (B, H, N, d): quantise (per ``block`` rows, None: per
+    batch and head; ``hadamard``: rotate q and k first, d a power of two), then
+    :func:`flash_attention_fp8`. Output in ``out_dtype``, default q's dtype (bfloat16 for float32)."""
+    layout = "(batch, heads, seq_len, head_dim)"
+    check_tensors(q, layout, k=(k, layout), v=(v, layout))
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    check_runnable(q.device)
+    if out_dtype is None:
+        out_dtype = q.dtype if q.dtype != torch.float32 else torch.bfloat16
+    return flash_attention_fp8(**quantize_qkv(q, k, v, block, hadamard, seed), causal=causal, scale=scale,
+                               out_dtype=out_dtype, config=config)
+
