@@ -256,3 +256,23 @@ def test_tma_refused_for_non_contiguous_or_odd_d():
     q = torch.zeros(1, 1, 8, 40)
     with pytest.raises(ValueError, match="tma=True needs"):
         forward(q, q, q, False, 1.0, tma=True)
+
+
+# --------------------------------------------------------------- FLASHLAB_AUTOTUNE=0
+@runs_somewhere
+def test_no_bench_stub_launches_no_trial_runs():
+    """With FLASHLAB_AUTOTUNE=0 the autotuner's timer is _no_bench: a kernel with several
+    configurations runs once (the real launch), with the first configuration."""
+    import triton
+    import triton.language as tl
+
+    from flashlab.kernels._common import _no_bench
+
+    @triton.autotune(configs=[triton.Config({"V": 1}), triton.Config({"V": 2})], key=["n"], do_bench=_no_bench)
+    @triton.jit
+    def count(X, n, V: tl.constexpr):
+        tl.atomic_add(X + tl.arange(0, 1), V)
+
+    x = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    count[(1,)](x, 7)
+    assert int(x[0]) == 1  # one launch, first config (V = 1); a timed trial would have added more

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
+from ._common import AUTOTUNE_OPTIONS, INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90. dK/dV programs own BLOCK_N keys and
 # stream BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys. The WIDE
@@ -119,7 +119,7 @@ def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, stride_qm, stride_dm, strid
 
 
 @triton.autotune(configs=_DKDV_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "ATOMIC_DQ", "IEEE", "GROUP"],
-                 prune_configs_by={"early_config_prune": pruner(DKDV_WIDE_CANDIDATES)},
+                 prune_configs_by={"early_config_prune": pruner(DKDV_WIDE_CANDIDATES)}, **AUTOTUNE_OPTIONS,
                  restore_value=["DQ"])  # tuning runs add into DQ: give the real run zeros back
 @triton.jit
 def _dkdv_kernel(
@@ -222,7 +222,7 @@ def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d,
 
 
 @triton.autotune(configs=_DQ_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "IEEE"],
-                 prune_configs_by={"early_config_prune": pruner(DQ_WIDE_CANDIDATES)})
+                 prune_configs_by={"early_config_prune": pruner(DQ_WIDE_CANDIDATES)}, **AUTOTUNE_OPTIONS)
 @triton.jit
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,

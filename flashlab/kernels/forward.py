@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
+from ._common import AUTOTUNE_OPTIONS, INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90; autotune picks per shape.
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
@@ -175,7 +175,7 @@ def _forward_block(
 
 
 @triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "IEEE"],
-                 prune_configs_by={"early_config_prune": pruner(WIDE_CANDIDATES)})
+                 prune_configs_by={"early_config_prune": pruner(WIDE_CANDIDATES)}, **AUTOTUNE_OPTIONS)
 @triton.jit
 def _forward_kernel(
     Q, K, V, O, LSE,  # O like Q; LSE fp32, log2 units: (Z, H, N_Q), or (H, total_q) for varlen
