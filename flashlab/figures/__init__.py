@@ -33,13 +33,19 @@ FIGURES: dict[str, str] = {
     "fig06_warp_split": "fa2:warp_split",
     "occupancy_waves": "fa2:occupancy_waves",
     "flashlab_vs_peers_h200": "fa2:bench_h200",
+    "grid_v1_v2_h200": "fa2:grid_measured_vs_predicted",
     "fig08_cycles_per_tile": "fa4:cycles_per_tile",
     "fig09_software_exp2": "fa4:software_exp2",
     "fig10_conditional_rescaling": "fa4:conditional_rescaling",
+    "fa4_variants_h200": "fa4:variants_h200",
     "fig07_pingpong": "fa3:pingpong",
     "schedules_utilisation": "fa3:schedules_utilisation",
     "fp8_incoherent": "fa3:fp8_incoherent",
+    "pipelining_h200": "fa3:pipelining_h200",
+    "fp8_speed_h200": "fa3:fp8_speed_h200",
+    "bottleneck_migration": "epilogue:bottleneck_migration",
     "beyond_block_masks": "beyond:block_masks",
+    "beyond_features_h200": "beyond:features_h200",
 }
 
 

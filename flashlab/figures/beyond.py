@@ -1,8 +1,9 @@
-"""Chapter 9 figure: which tiles of the score matrix a kernel computes, masks or skips
+"""Chapter 9 figures: which tiles of the score matrix a kernel computes, masks or skips
 under a causal mask (square and N_q < N_k, both bottom-right aligned) and a sliding
-window.
+window (:func:`block_masks`); and the chapter's features measured on the H200, each
+beside its baseline (:func:`features_h200`, from ``results/beyond_h200``).
 
-Everything drawn comes from :func:`flashlab.reference.beyond.window_mask` (the mask)
+In :func:`block_masks` everything drawn comes from :func:`flashlab.reference.beyond.window_mask` (the mask)
 and :func:`flashlab.reference.beyond.window_block_counts` (the tile counts in the
 titles). A tile is *skipped* when the mask is False everywhere in it, *masked* (a
 diagonal tile) when it is partly True, and *full* when it is True everywhere: the same
@@ -18,10 +19,11 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from ..hardware import H200
 from ..reference.beyond import window_block_counts, window_mask
 from .timeline import COLOURS
 
-__all__ = ["block_masks"]
+__all__ = ["block_masks", "features_h200"]
 
 TILE_COLOURS = {"full": COLOURS[0], "masked": COLOURS[1], "skipped": "0.93"}
 
@@ -68,4 +70,120 @@ def block_masks(n: int = 512, block: int = 64, left: int = 128) -> Figure:
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=9.5, frameon=False)
     fig.suptitle(f"Tiles of {block} x {block} scores: the mask decides which tiles a kernel visits",
                  fontsize=12)
+    return fig
+
+
+# Okabe-Ito colours beyond the four of .timeline
+ORANGE, SKY, YELLOW, GREY = "#E69F00", "#56B4E9", "#F0E442", "0.55"
+
+
+def _ratio_label(base_ms: float, t_ms: float) -> str:
+    """The time and how it compares with the baseline's: 'x.xx× faster', 'x.xx× slower', or
+    'same time' within 2 %."""
+    if t_ms == base_ms:
+        return f"{t_ms:.2f} ms\nbaseline"
+    r = base_ms / t_ms
+    if abs(r - 1) < 0.02:
+        return f"{t_ms:.2f} ms\nsame time"
+    return f"{t_ms:.2f} ms\n{r:.2f}× faster" if r > 1 else f"{t_ms:.2f} ms\n{1 / r:.2f}× slower"
+
+
+def _relative_panel(ax, rec, bars: list[tuple[str, dict, str]], title: str, ylabel: str) -> None:
+    """Grouped bars, one group per pass (forward, forward + backward): each bar's time divided by
+    the first bar's (the baseline), with the time and the ratio written on it.
+    ``bars`` = (label, row filter including the case, colour); a bar with no row in a pass is left out."""
+    width = 0.8 / len(bars)
+    for k, (label, where, colour) in enumerate(bars):
+        xs, ys, texts = [], [], []
+        for x, pas in enumerate(("fwd", "fwdbwd")):
+            rows = rec.where(**where, **{"pass": pas})
+            if not rows:
+                continue
+            base = rec.where(**bars[0][1], **{"pass": pas})[0]["ms"]
+            xs.append(x + (k - (len(bars) - 1) / 2) * width)
+            ys.append(rows[0]["ms"] / base)
+            texts.append(_ratio_label(base, rows[0]["ms"]))
+        ax.bar_label(ax.bar(xs, ys, width * 0.92, color=colour, label=label), texts, fontsize=6.3, padding=2)
+    ax.set_xticks([0, 1], ["forward", "forward + backward"])
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.35)
+    ax.axhline(1.0, color=GREY, lw=0.8, ls=":")
+    ax.set_title(title, loc="left", fontsize=9.5)
+    ax.legend(frameon=False, fontsize=7, loc="upper right")
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def features_h200(stem: str = "beyond_h200") -> Figure:
+    """The chapter's features measured on the H200 (``results/beyond_h200``), each beside its
+    baseline, bf16, d = 128.
+
+    (a) causal vs full attention, N = 16384; (b) causal + sliding window (4096 and 1024 keys
+    back) vs plain causal, N = 16384; (c) GQA/MQA: 32 query heads with 32, 8 or 1 K/V heads,
+    N = 8192; (d) a packed varlen batch vs the same kernel on the padded batch vs SDPA with a
+    padding mask (forward only). Bars are times divided by the baseline's (first bar), with the
+    time and the ratio written on each. (e) decoding, one new token against a KV cache at three
+    shapes: achieved bandwidth (cache bytes / time) of each implementation, with the H200's HBM
+    bandwidth as a dashed line and the split kernel's ratios to the unsplit kernel and to SDPA
+    flash written under each group. The run used each kernel's first configuration (no
+    autotuning); its note is printed under the figure with the provenance.
+    """
+    import textwrap
+
+    from ..results import load
+
+    rec = load(stem)
+    fig = plt.figure(figsize=(13.5, 8.8), layout="constrained")
+    grid = fig.add_gridspec(2, 3, width_ratios=[1, 1, 1.2])
+    ax_c, ax_w, ax_g = (fig.add_subplot(grid[0, i]) for i in range(3))
+    ax_v, ax_d = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1:])
+
+    causal = {"case": "causal", "causal": True}
+    _relative_panel(ax_c, rec, [("full (non-causal)", {"case": "causal", "causal": False}, GREY),
+                                ("causal", causal, COLOURS[0])],
+                    "(a) causal block skipping, N = 16384", "time / full attention's time")
+    _relative_panel(ax_w, rec, [("causal, no window", causal, COLOURS[0]),
+                                ("causal, window 4096", {"case": "window", "note": "window=4096"}, ORANGE),
+                                ("causal, window 1024", {"case": "window", "note": "window=1024"}, COLOURS[1])],
+                    "(b) sliding window, N = 16384", "time / causal time")
+    _relative_panel(ax_g, rec, [("32 K/V heads (MHA)", {"case": "gqa", "note": "h_kv=32"}, COLOURS[0]),
+                                ("8 K/V heads (GQA)", {"case": "gqa", "note": "h_kv=8"}, COLOURS[2]),
+                                ("1 K/V head (MQA)", {"case": "gqa", "note": "h_kv=1"}, COLOURS[3])],
+                    "(c) 32 query heads sharing K/V heads, causal, N = 8192", "time / MHA time")
+    _relative_panel(ax_v, rec, [("padded to 4096 (same kernel)", {"case": "varlen", "impl": "flashlab_padded"}, GREY),
+                                ("packed (varlen kernel)", {"case": "varlen", "impl": "flashlab_varlen"}, COLOURS[2]),
+                                ("SDPA + padding mask (forward only)", {"case": "varlen", "impl": "sdpa_padded_mask"}, COLOURS[3])],
+                    "(d) 16 sequences of 1..4096 tokens, causal", "time / padded time")
+
+    impls = [("flashlab_decode_unsplit", "flashlab, 1 split", SKY), ("flashlab_decode_split", "flashlab, split-KV", COLOURS[0]),
+             ("flashlab_fwd", "flashlab training kernel", GREY), ("sdpa_flash", "SDPA flash", ORANGE),
+             ("sdpa_cudnn", "SDPA cuDNN", COLOURS[1]), ("sdpa_default", "SDPA default", YELLOW)]
+    shapes = list(dict.fromkeys((r["B"], r["H"], r["N"], r["d"]) for r in rec.where(case="decode")))
+    width = 0.8 / len(impls)
+    for k, (impl, label, colour) in enumerate(impls):
+        xs, ys = [], []
+        for x, (B, H, N, d) in enumerate(shapes):
+            rows = rec.where(case="decode", impl=impl, B=B, H=H, N=N)
+            if rows:
+                xs.append(x + (k - (len(impls) - 1) / 2) * width)
+                ys.append(2 * B * H * N * d * 2 / (rows[0]["ms"] * 1e-3) / 1e12)  # K and V, bf16, read once
+        ax_d.bar(xs, ys, width * 0.92, color=colour, label=label)
+    ax_d.axhline(H200.hbm_bandwidth / 1e12, color="black", lw=1, ls="--")
+    ax_d.text(len(shapes) - 0.55, H200.hbm_bandwidth / 1e12 + 0.08, f"H200 HBM {H200.hbm_bandwidth / 1e12:.1f} TB/s",
+              ha="right", fontsize=7.5)
+    ticks = []
+    for B, H, N, _ in shapes:
+        t = {impl: rec.where(case="decode", impl=impl, B=B, H=H, N=N)[0]["ms"] for impl, _, _ in impls[:4]}
+        split = t["flashlab_decode_split"]
+        ticks.append(f"B = {B}, H = {H}, N = {N}\nsplit-KV {split:.2f} ms: {t['flashlab_decode_unsplit'] / split:.1f}× the unsplit\n"
+                     f"speed, {t['sdpa_flash'] / split:.2f}× SDPA flash's ({t['sdpa_flash']:.2f} ms)")
+    ax_d.set_xticks(range(len(shapes)), ticks, fontsize=8.5)
+    ax_d.set_ylabel("achieved bandwidth, TB/s (cache bytes / time)")
+    ax_d.set_ylim(0, 6.0)
+    ax_d.set_title("(e) decoding: one new token against a KV cache (H_kv = H)", loc="left", fontsize=9.5)
+    ax_d.legend(frameon=False, fontsize=7.5, ncol=3, loc="upper left")
+    ax_d.spines[["top", "right"]].set_visible(False)
+
+    fig.suptitle("Chapter 9's features on the H200, bf16, d = 128: each beside its baseline", fontsize=12)
+    footer = textwrap.fill(rec.provenance + " " + str(rec.meta.get("note", "")), 200)
+    fig.supxlabel(footer, fontsize=7, color="0.35")
     return fig

@@ -1,5 +1,6 @@
 """Chapter 5 figures: the warp split inside a program (seed figure 6), SM utilisation
-of the v1 and v2 grids, and flashlab against its peers on an NVIDIA H200.
+of the v1 and v2 grids, the two grids measured against the model on an NVIDIA H200,
+and flashlab against its peers on the H200.
 
 Everything drawn comes from :mod:`flashlab.sim.occupancy`, :mod:`flashlab.hardware`
 and the recorded results under results/ (:mod:`flashlab.results`). Colours are the
@@ -16,7 +17,7 @@ from .. import hardware, results
 from ..sim.occupancy import schedule
 from .timeline import COLOURS
 
-__all__ = ["warp_split", "occupancy_waves", "bench_h200"]
+__all__ = ["warp_split", "occupancy_waves", "grid_measured_vs_predicted", "bench_h200"]
 
 WARP_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7")
 IMPLS = {  # impl column -> (label, colour, marker)
@@ -144,4 +145,65 @@ def bench_h200(stem: str = "nvidia-h200/bench", ceiling_stem: str = "ceilings_h2
                title_fontsize=10)
     fig.text(0.01, -0.01, rec.provenance + "\nCeiling: " + results.load(ceiling_stem).provenance,
              fontsize=7.5, color="0.35", ha="left", va="top", wrap=True)
+    return fig
+
+
+def grid_measured_vs_predicted(stem: str = "grid_h200", d: int = 128, N: int = 4096, max_bh: int = 300) -> Figure:
+    """The v1 grid (one program per batch x head) against the v2 grid (one per query block),
+    measured on the H200 with the same kernel and block configuration, beside
+    :func:`flashlab.sim.occupancy.schedule`'s prediction.
+
+    The model's one free number, the time of one tile on one SM, is calibrated on a single
+    measured v2 run (B = 1, H = 16, N = 16384, non-causal, head dimension ``d``); every
+    other prediction follows from it. Top: run time against B x H at sequence length ``N``;
+    bottom: the v1 / v2 time ratio. Left non-causal, right causal.
+    """
+    rec = results.load(stem)
+    cal = rec.where(grid="v2", B=1, H=16, N=16384, d=d, causal=False)[0]
+    block_m, block_n, sms = cal["BLOCK_M"], cal["BLOCK_N"], cal["sms"]
+
+    def predict(part: str, bh: int, n: int, causal: bool, tile_time: float = 1.0) -> float:
+        return schedule(part, 1, bh, n, block_m, sms, tile_time, Bc=block_n, causal=causal).time_s
+
+    tile_ms = cal["ms"] / predict("v2", 16, 16384, False)  # ms per tile per SM
+    bh = list(range(1, max_bh + 1))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.4), sharex=True, layout="constrained")
+    for col, causal in enumerate((False, True)):
+        model = {part: [predict(part, h, N, causal, tile_ms) for h in bh] for part in ("v1", "v2")}
+        meas = {part: sorted((r["B"] * r["H"], r["ms"]) for r in rec.where(grid=part, d=d, N=N, causal=causal))
+                for part in ("v1", "v2")}
+        top, bottom = axes[0, col], axes[1, col]
+        for part, colour, marker in (("v1", COLOURS[0], "o"), ("v2", COLOURS[1], "s")):
+            top.plot(bh, model[part], "-", color=colour, lw=1.3, label=f"{part} grid, model")
+            top.plot(*zip(*meas[part]), marker, color=colour, ms=7, mfc="white", mew=1.8,
+                     label=f"{part} grid, measured")
+        top.set_yscale("log")
+        top.set_title(f"{'causal' if causal else 'non-causal'}, d = {d}, N = {N}: run time",
+                      loc="left", fontsize=10.5)
+        top.set_ylabel("forward time (ms)")
+        bottom.plot(bh, [a / b for a, b in zip(model["v1"], model["v2"])], "-", color="0.2", lw=1.3,
+                    label=f"model, N = {N}")
+        ratio = [(h1, t1 / t2) for (h1, t1), (_, t2) in zip(meas["v1"], meas["v2"])]
+        bottom.plot(*zip(*ratio), "o", color=COLOURS[0], ms=7, mfc="white", mew=1.8,
+                    label=f"measured, N = {N}")
+        long = {r["grid"]: r["ms"] for r in rec.where(B=1, H=16, N=16384, d=d, causal=causal)}
+        bottom.plot(16, long["v1"] / long["v2"], "D", color=COLOURS[2], ms=7, mfc="white", mew=1.8,
+                    label="measured, N = 16384")
+        bottom.set_yscale("log")
+        bottom.set_yticks([1, 1.25, 2, 4, 8], labels=["1", "1.25", "2", "4", "8"])
+        bottom.minorticks_off()
+        bottom.set_ylim(0.8, 12)
+        bottom.set_title("how many times slower v1 is than v2", loc="left", fontsize=10.5)
+        bottom.set_ylabel("v1 time / v2 time")
+        bottom.set_xlabel("batch × heads (B·H) = programs of the v1 grid")
+        for ax in (top, bottom):
+            ax.axvline(sms, color="0.5", lw=0.8, ls=":")
+            ax.spines[["top", "right"]].set_visible(False)
+            ax.set_xlim(0, max_bh)
+        bottom.text(sms + 4, 9, f"{sms} SMs", fontsize=8.5, color="0.35")
+        top.legend(fontsize=8.5, loc="lower right")
+        bottom.legend(fontsize=8.5, loc="upper right")
+    fig.suptitle("One program per head (v1 grid) or one per query block (v2 grid) on the H200:\n"
+                 f"the model, with its tile time taken from one v2 run (B·H = 16, N = 16384), against the measurements",
+                 fontsize=11)
     return fig

@@ -3,7 +3,8 @@
 Figure 8 draws the cycles per 128 x 128 x 128 tile from :mod:`flashlab.cycles`;
 figure 9 the software exp2 pipeline and its error from
 :mod:`flashlab.reference.softexp`; figure 10 the running and reference maxima of a
-row from :mod:`flashlab.reference.rescale`. Colours: Okabe-Ito.
+row from :mod:`flashlab.reference.rescale`; ``variants_h200`` the two tricks measured on
+an H200 (``results/fa4_variants_h200``). Colours: Okabe-Ito.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..hardware import B200, B300, H100
 from ..reference import rescale, softexp
 from .timeline import COLOURS
 
-__all__ = ["cycles_per_tile", "software_exp2", "conditional_rescaling"]
+__all__ = ["cycles_per_tile", "software_exp2", "conditional_rescaling", "variants_h200"]
 
 BLUE, VERMILLION, GREEN, PURPLE = COLOURS
 ORANGE, SKY, GREY = "#E69F00", "#56B4E9", "0.55"
@@ -152,4 +153,71 @@ def conditional_rescaling(threshold: float = 8.0, block_size: int = 4) -> Figure
     ax.set_ylim(-1.5, 21)
     ax.set_xlim(-0.3, edges[-1])
     ax.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+def _variant_rows(rec, d: int, N: int, causal: bool) -> tuple[list[tuple[float, float, int]], dict, dict]:
+    """(realised fraction, ms, MUFU.EX2 count) of the fa4 variant without conditional rescaling,
+    sorted by fraction, and the tau = 8 row and the base row, for one shape."""
+    rows = rec.where(d=d, N=N, causal=causal)
+    polys = sorted((r["poly_realised"], r["ms"], r["mufu_ex2_sass"]) for r in rows
+                   if r["variant"] == "fa4" and r["threshold"] == "")
+    tau = next(r for r in rows if r["variant"] == "fa4" and r["threshold"] != "")
+    base = next(r for r in rows if r["variant"] == "base")
+    return polys, tau, base
+
+
+def variants_h200(stem: str = "fa4_variants_h200", d: int = 128) -> Figure:
+    """FA4's software tricks measured on the H200 (``results/fa4_variants_h200``), head dimension d.
+
+    Left: forward time relative to the fa4 variant at poly fraction 0 (hardware exp2 only),
+    against the realised polynomial fraction, for N = 16384 (solid) and 4096 (dashed),
+    non-causal and causal; the tau = 8 runs (conditional rescaling, fraction 0) as stars in
+    a column of their own, and the cycle model's prediction for Hopper (no change: the tile
+    is MMA-bound) as a grey line. Right: MUFU.EX2 instructions in the compiled SASS against
+    the fraction, beside 4 + 128 (1 - fraction) (128 exponentials of P per tile, 4 rescale
+    factors)."""
+    import textwrap
+
+    from ..results import load
+
+    rec = load(stem)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11.5, 4.6), layout="constrained", width_ratios=[1.5, 1])
+    fractions = [0, 1 / 8, 1 / 4, 1 / 2]
+    tau_x = 0.66  # the column of the tau = 8 runs, right of the fraction axis
+    a.axhline(1.0, color=GREY, lw=1.2, ls=":", label="cycle model, H200: MMA-bound, no change")
+    a.axvline(0.58, color="0.8", lw=0.8)
+    for causal, colour, dx in ((False, BLUE, -0.025), (True, VERMILLION, 0.025)):
+        for N, ls in ((16384, "-"), (4096, "--")):
+            polys, tau, _ = _variant_rows(rec, d, N, causal)
+            rel = [p[1] / polys[0][1] for p in polys]
+            kind = "causal" if causal else "non-causal"
+            big = N == 16384
+            a.plot([p[0] for p in polys], rel, ls, color=colour, marker="o", ms=5, lw=1.7 if big else 1.0,
+                   label=f"{kind}, N = {N}")
+            a.plot(tau_x + dx, tau["ms"] / polys[0][1], "*", color=colour, ms=14 if big else 9,
+                   alpha=1.0 if big else 0.55)
+    a.set_xticks(fractions + [tau_x], ["0", "1/8", "1/4", "1/2", "τ = 8\n(fraction 0)"])
+    a.set_xlabel("share of each P tile's exponentials computed by the cubic (realised)")
+    a.set_ylabel("time / time at fraction 0 (same kernel)")
+    a.set_title(f"Forward time, d = {d}, bf16: both tricks are slower on Hopper", loc="left", fontsize=10.5)
+    a.legend(frameon=False, fontsize=8, loc="upper left")
+    a.set_ylim(0.95, 1.3)
+    a.set_xlim(-0.04, 0.72)
+    a.spines[["top", "right"]].set_visible(False)
+
+    polys, _, _ = _variant_rows(rec, d, 16384, False)
+    x = np.arange(len(polys))
+    bars = b.bar(x, [p[2] for p in polys], 0.6, color=GREEN, label="MUFU.EX2 in the SASS (measured)")
+    b.bar_label(bars, fontsize=9, padding=2)
+    b.hlines([4 + 128 * (1 - p[0]) for p in polys], x - 0.38, x + 0.38, color="black", lw=1.5,
+             label="4 + 128 (1 − fraction)")
+    b.set_xticks(x, ["0", "1/8", "1/4", "1/2"])
+    b.set_xlabel("realised poly fraction")
+    b.set_ylabel("hardware exp2 instructions in the kernel")
+    b.set_title("The cubic really removes MUFU work", loc="left", fontsize=10.5)
+    b.set_ylim(0, 180)
+    b.legend(frameon=False, fontsize=8, loc="upper right")
+    b.spines[["top", "right"]].set_visible(False)
+    fig.supxlabel(textwrap.fill(rec.provenance, 170), fontsize=7.5, color="0.35")
     return fig
