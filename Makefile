@@ -4,6 +4,7 @@
 #   make lab          JupyterLab on notebooks/
 #   make figures      regenerate figures/ from flashlab.figures
 #   make assignments  student versions of the exercises (solutions stripped) in build/assignments
+#   make grade        grade SUBMISSIONS=<folder> (<student>/<chapter>.ipynb) into build/grades.csv
 #   make bench        GPU benchmarks into results/ (needs a CUDA GPU)
 #   make notebooks    re-execute every notebook in place (after changing the package)
 
@@ -14,12 +15,16 @@ PY         := $(VENV)/bin/python
 # TORCH_SPEC to your build (e.g. TORCH_SPEC='torch==2.11.0') or to '' to keep the installed one.
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.flashlab-installed
+# make grade: SUBMISSIONS holds one folder per student with <chapter>.ipynb (or nbgrader's
+# <chapter>/<chapter>.ipynb); the scores go to GRADES, one row per student and exercise.
+SUBMISSIONS ?=
+GRADES      ?= build/grades.csv
 
-.PHONY: book test lab figures assignments bench notebooks install chromium clean help
+.PHONY: book test lab figures assignments grade grade-needs-submissions bench notebooks install chromium clean help
 .DEFAULT_GOAL := help
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^#//'
+	@sed -n '2,10p' Makefile | sed 's/^#//'
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +59,16 @@ figures: $(STAMP)
 
 assignments: $(STAMP)
 	$(PY) -m flashlab.assignments build/assignments
+
+# Checked before the install, so a forgotten argument fails at once.
+grade: $(if $(SUBMISSIONS),$(STAMP),grade-needs-submissions)
+	$(PY) -m flashlab.assignments grade "$(SUBMISSIONS)" --out "$(GRADES)"
+
+grade-needs-submissions:
+	@echo "make grade needs the folder of submissions: make grade SUBMISSIONS=<folder>" >&2
+	@echo "  <folder>/<student>/<chapter>.ipynb, e.g. submissions/alice/02_online_softmax.ipynb" >&2
+	@echo "  (nbgrader's <folder>/<student>/<chapter>/<chapter>.ipynb works too); scores go to GRADES=$(GRADES)" >&2
+	@exit 2
 
 bench: $(STAMP)
 	$(PY) -m flashlab.bench --out results

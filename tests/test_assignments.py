@@ -6,6 +6,10 @@ without edits) and the fixture tests/fixtures/90_toy_chapter.ipynb, a toy
 chapter that self-tests the machinery, including wrong answers the checks must
 catch.
 
+Grading (`make grade`, flashlab.assignments.grade): fake classes of students are
+graded from student versions with answers filled in, including wrong, missing,
+unreadable and hanging ones; tests/test_mutations.py checks the bank of wrong answers.
+
 Exercise counts: every chapter 01+ has 2-4 exercises. 00_preface is not a
 chapter with content, so it may have none (or 2-4 if it ever gets some).
 """
@@ -13,6 +17,7 @@ chapter with content, so it may have none (or 2-4 if it ever gets some).
 from __future__ import annotations
 
 import copy
+import csv
 import os
 import re
 import subprocess
@@ -22,6 +27,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 from nbclient import NotebookClient
 
 from flashlab.assignments import (
@@ -29,12 +35,20 @@ from flashlab.assignments import (
     BEGIN_SOLUTION,
     END_HIDDEN,
     END_SOLUTION,
+    GRADE_COLUMNS,
     NOTEBOOKS_DIR,
     build,
     exercises,
+    find_submissions,
+    grade,
+    main,
+    replace_solution_body,
+    solution_body,
+    strip_hidden_tests,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "90_toy_chapter.ipynb"
+MUTANTS = Path(__file__).parent / "mutations" / "mutants.yaml"
 BOOK = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 ALL = [*BOOK, FIXTURE]
 # Notebooks that carry exercises (the preface has none); the per-exercise tests run over these.
@@ -339,3 +353,174 @@ def test_nbgrader_autograde_scores_submissions(tmp_path: Path) -> None:
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "flashlab") as gb:
         scores = {who: gb.find_submission(chapter.name, who).score for who in submissions}
     assert scores == {"alice": 3.0, "bob": 0.0, "carol": 1.0}
+
+
+# ---------------------------------------------------------------- grading submissions (`make grade`)
+
+
+def _answered(student: nbformat.NotebookNode, source: nbformat.NotebookNode,
+              bodies: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """The student version with every answer of ``source`` filled in, except those in
+    ``bodies`` (solution grade_id -> body), which are filled with the given body."""
+    nb = copy.deepcopy(student)
+    answers = {cell.metadata["nbgrader"]["grade_id"]: solution_body(cell.source)
+               for cell in source.cells if cell.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    answers.update(bodies or {})
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in answers:
+            cell.source = replace_solution_body(cell.source, answers[gid])
+    return nb
+
+
+def _without(nb: nbformat.NotebookNode, *grade_ids: str) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(nb)
+    nb.cells = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") not in grade_ids]
+    return nb
+
+
+def _put(nb: nbformat.NotebookNode, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+@pytest.mark.slow
+def test_grade_scores_a_class(tmp_path: Path, built: dict) -> None:
+    """What `make grade SUBMISSIONS=...` does: two students, one chapter of the book
+    (answers filled into the student version, so the hidden tests must come back from
+    the book) and the toy chapter; CSV rows per student and exercise."""
+    chapter, toy = built["02_online_softmax"], built[FIXTURE.stem]
+    book_nb = nbformat.read(chapter.source, as_version=4)
+    student_nb = nbformat.read(chapter.release, as_version=4)
+    wrong = "ch02-ex3-empty-merge-nan"  # from the mutation bank: only the hidden tests catch it
+    body = next(m["body"] for m in yaml.safe_load(MUTANTS.read_text()) if m["id"] == wrong)
+    sub = tmp_path / "submitted"
+    _put(_answered(student_nb, book_nb), sub / "alice" / "02_online_softmax.ipynb")
+    _put(_answered(nbformat.read(toy.release, as_version=4), nbformat.read(FIXTURE, as_version=4)),
+         sub / "alice" / f"{FIXTURE.stem}.ipynb")
+    bob = _without(_answered(student_nb, book_nb, {"ch02-ex3-solution": body}), "ch02-ex4-solution", "ch02-ex4-tests")
+    _put(bob, sub / "bob" / "02_online_softmax" / "02_online_softmax.ipynb")  # nbgrader's layout; no toy chapter
+
+    out = tmp_path / "grades" / "grades.csv"
+    rows = grade(sub, out, notebooks=[chapter.source, FIXTURE], timeout=CELL_TIMEOUT_S)
+    columns, written = _read_csv(out)
+    assert columns == list(GRADE_COLUMNS) == ["student", "chapter", "exercise", "points", "max_points", "status", "message"]
+    assert [{k: str(v) for k, v in r.items()} for r in rows] == [
+        {**r, "points": str(float(r["points"])), "max_points": str(float(r["max_points"]))} for r in written]
+    table = {(r["student"], r["exercise"]): (float(r["points"]), float(r["max_points"]), r["status"]) for r in written}
+    assert [r["chapter"] for r in written[:4]] == ["02_online_softmax"] * 4
+    assert table == {
+        ("alice", "ch02-ex1-tests"): (1, 1, "passed"),
+        ("alice", "ch02-ex2-tests"): (2, 2, "passed"),
+        ("alice", "ch02-ex3-tests"): (2, 2, "passed"),
+        ("alice", "ch02-ex4-tests"): (1, 1, "passed"),
+        ("alice", "toy-ex1-tests"): (2, 2, "passed"),
+        ("alice", "toy-ex2-tests"): (1, 1, "passed"),
+        ("bob", "ch02-ex1-tests"): (1, 1, "passed"),
+        ("bob", "ch02-ex2-tests"): (2, 2, "passed"),
+        ("bob", "ch02-ex3-tests"): (0, 2, "failed"),
+        ("bob", "ch02-ex4-tests"): (0, 1, "missing"),
+        ("bob", "toy-ex1-tests"): (0, 2, "missing"),
+        ("bob", "toy-ex2-tests"): (0, 1, "missing"),
+    }
+    messages = {(r["student"], r["exercise"]): r["message"] for r in written}
+    assert messages[("bob", "ch02-ex3-tests")] == "AssertionError: two empty states merge to an empty state (no nan)"
+    assert "ch02-ex4-solution" in messages[("bob", "ch02-ex4-tests")]
+    assert messages[("bob", "toy-ex1-tests")] == f"no notebook submitted for {FIXTURE.stem}"
+    assert all(messages[k] == "" for k, v in table.items() if v[2] == "passed")
+
+
+@pytest.mark.slow
+def test_grade_survives_bad_submissions(tmp_path: Path, built: dict) -> None:
+    """Unanswered, unreadable, tampered, hanging, kernel-killing and stray notebooks:
+    0 points with a status, never a crash (toy chapter, fast)."""
+    toy = built[FIXTURE.stem]
+    source, student = nbformat.read(FIXTURE, as_version=4), nbformat.read(toy.release, as_version=4)
+    name = f"{FIXTURE.stem}.ipynb"
+    sub = tmp_path / "sub"
+    _put(student, sub / "stub" / name)                                        # nothing answered
+    (sub / "garbled").mkdir(parents=True)
+    (sub / "garbled" / name).write_text("{not a notebook", encoding="utf-8")   # unreadable
+    tampered = _answered(student, source, {"toy-ex1-solution": "return x"})
+    _cell(tampered, "toy-ex1-tests").source = "pass  # the student emptied the tests"
+    _put(tampered, sub / "tampered" / name)
+    hangs = _answered(student, source, {"toy-ex1-solution": "import time\nwhile True:\n    time.sleep(0.05)"})
+    _put(hangs, sub / "hangs" / name)
+    dies = _answered(student, source, {"toy-ex1-solution": "import os\nos._exit(1)"})
+    _put(dies, sub / "dies" / name)                                            # kills its kernel
+    no_tests = _without(_answered(student, source), "toy-ex2-tests")          # tests cell deleted: put back
+    _put(no_tests, sub / "no_tests" / name)
+    _put(student, sub / "stray" / "notes.ipynb")                               # not a chapter: ignored
+    with pytest.warns(UserWarning, match="ignored .*notes.ipynb"):
+        rows = grade(sub, tmp_path / "g.csv", notebooks=[FIXTURE], timeout=3)
+    got = {(r["student"], r["exercise"]): (r["points"], r["status"], r["message"]) for r in rows}
+    assert got[("stub", "toy-ex1-tests")] == (0, "error", "NotImplementedError: not answered (the stub still raises)")
+    assert got[("garbled", "toy-ex2-tests")][:2] == (0, "error")
+    assert got[("garbled", "toy-ex2-tests")][2].startswith("could not read the notebook: ")
+    assert got[("tampered", "toy-ex1-tests")][:2] == (0, "failed"), "the tests cell comes back from the book"
+    assert got[("tampered", "toy-ex2-tests")][:2] == (1, "passed")
+    assert got[("hangs", "toy-ex1-tests")][:2] == (0, "error")
+    assert got[("hangs", "toy-ex1-tests")][2].startswith("TimeoutError: the cell ran past the 3 s limit")
+    assert got[("hangs", "toy-ex2-tests")][:2] == (1, "passed"), "a timeout costs only the cell that hung"
+    assert got[("no_tests", "toy-ex2-tests")][:2] == (1, "passed")
+    for exercise in ("toy-ex1-tests", "toy-ex2-tests"):
+        assert got[("dies", exercise)][:2] == (0, "error") and "Kernel died" in got[("dies", exercise)][2]
+    assert {k for k, v in got.items() if k[0] == "stray"} == {("stray", "toy-ex1-tests"), ("stray", "toy-ex2-tests")}
+    assert all(v[1] == "missing" for k, v in got.items() if k[0] == "stray")
+
+
+def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="one folder per student"):
+        grade(tmp_path / "nowhere", tmp_path / "g.csv", notebooks=[FIXTURE])
+    with pytest.raises(ValueError, match="chapters must name notebooks with exercises"):
+        grade(tmp_path, tmp_path / "g.csv", notebooks=[FIXTURE], chapters=["02_online_softmax"])
+
+
+def test_find_submissions_accepts_both_layouts(tmp_path: Path) -> None:
+    for rel in ("ann/02_x.ipynb", "ben/02_x/02_x.ipynb", "ann/02_x/02_x.ipynb", "cy/other.ipynb",
+                "cy/.ipynb_checkpoints/02_x-checkpoint.ipynb", "top.ipynb"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}")
+    (tmp_path / "dee").mkdir()
+    found, ignored = find_submissions(tmp_path, ["02_x"])
+    assert found == {"ann": {"02_x": tmp_path / "ann/02_x.ipynb"}, "ben": {"02_x": tmp_path / "ben/02_x/02_x.ipynb"},
+                     "cy": {}, "dee": {}}
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in ignored) == ["ann/02_x/02_x.ipynb", "cy/other.ipynb", "top.ipynb"]
+
+
+def test_replace_solution_body_in_book_and_student_versions(built: dict) -> None:
+    toy = built[FIXTURE.stem]
+    book = _cell(nbformat.read(FIXTURE, as_version=4), "toy-ex2-solution").source
+    student = _cell(nbformat.read(toy.release, as_version=4), "toy-ex2-solution").source
+    for source in (book, student):
+        new = replace_solution_body(source, "if True:\n    return 1, 2\n")
+        assert new.splitlines()[0].startswith("def merge(") and new.splitlines()[-2:] == ["    if True:", "        return 1, 2"]
+        assert BEGIN_SOLUTION not in new and "NotImplementedError" not in new
+    assert solution_body(book).splitlines()[0] == "m = max(m_a, m_b)"
+    assert strip_hidden_tests(_cell(nbformat.read(FIXTURE, as_version=4), "toy-ex2-tests").source).splitlines()[-1] \
+        == "assert np.isclose(l, np.exp(np.array([1.0, 3, 2, 5]) - 5).sum())"
+
+
+@pytest.mark.slow
+def test_command_line_grade_and_build(tmp_path: Path, built: dict, capsys: pytest.CaptureFixture) -> None:
+    toy = built[FIXTURE.stem]
+    _put(_answered(nbformat.read(toy.release, as_version=4), nbformat.read(FIXTURE, as_version=4)),
+         tmp_path / "sub" / "alice" / f"{FIXTURE.stem}.ipynb")
+    out = tmp_path / "grades.csv"
+    assert main(["grade", str(tmp_path / "sub"), "--out", str(out), "--notebooks", str(FIXTURE)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^alice\s+3\s+3\s+2\s+0\s+0\s+0$", printed, re.M), printed
+    assert [r["status"] for r in _read_csv(out)[1]] == ["passed", "passed"]
+    assert main(["grade", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert "one folder per student" in capsys.readouterr().err
+    # the build command, with and without its name
+    assert main([str(tmp_path / "course"), str(FIXTURE)]) == 0
+    assert main(["build", str(tmp_path / "course2"), str(FIXTURE)]) == 0
+    assert (tmp_path / "course" / "release" / FIXTURE.stem / FIXTURE.name).is_file()
+    assert (tmp_path / "course2" / "release" / FIXTURE.stem / FIXTURE.name).is_file()
