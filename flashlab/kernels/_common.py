@@ -161,6 +161,43 @@ def visible_range_tl(a0, A_BLOCK: tl.constexpr, n_self, lo_shift, hi_shift, n_ot
     return start, in_lo, in_hi, end
 
 
+@triton.jit
+def load_kv_tiles(k_ptrs, v_ptrs, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, UPCAST: tl.constexpr):
+    """K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D) through pointers, as every kernel's key
+    loop reads them: masked by the key bound ``n_ok`` (BLOCK_N,) in MASKED blocks, by the head
+    dimension ``d_ok`` (BLOCK_D,) where it is padded to a power of two, plain loads otherwise;
+    upcast to fp32 under the interpreter (UPCAST), whose bf16 dots are wrong."""
+    if MASKED:
+        k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    elif PADDED_D:
+        k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
+def sequence_bounds(CU_Q, CU_K, seq, N_Q, N_K, VARLEN: tl.constexpr):
+    """(q_start, k_start, n_q, n_k): where sequence ``seq`` starts in the packed rows and how long
+    it is, read from cu_seqlens for varlen input; (0, 0, N_Q, N_K) otherwise."""
+    q_start = 0
+    k_start = 0
+    n_q = N_Q
+    n_k = N_K
+    if VARLEN:
+        q_start = tl.load(CU_Q + seq)
+        k_start = tl.load(CU_K + seq)
+        n_q = tl.load(CU_Q + seq + 1) - q_start
+        n_k = tl.load(CU_K + seq + 1) - k_start
+    return q_start, k_start, n_q, n_k
+
+
 # ----------------------------------------------------------------------------- input checks
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256

@@ -30,7 +30,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import AUTOTUNE_OPTIONS, INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
+from ._common import (
+    AUTOTUNE_OPTIONS,
+    INTERPRET,
+    Candidate,
+    configs,
+    launch_options,
+    pruner,
+    sequence_bounds,
+    visible_range_tl,
+    window_bounds,
+)
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90. dK/dV programs own BLOCK_N keys and
 # stream BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys. The WIDE
@@ -137,13 +147,7 @@ def _dkdv_kernel(
     off_zhkv = tl.program_id(1)
     H_KV = H // GROUP
     off_z, off_hkv = off_zhkv // H_KV, off_zhkv % H_KV
-    q_start = 0
-    k_start = 0
-    if VARLEN:
-        q_start = tl.load(CU_Q + off_z)
-        k_start = tl.load(CU_K + off_z)
-        N_Q = tl.load(CU_Q + off_z + 1) - q_start
-        N_K = tl.load(CU_K + off_z + 1) - k_start
+    q_start, k_start, N_Q, N_K = sequence_bounds(CU_Q, CU_K, off_z, N_Q, N_K, VARLEN)  # varlen: this sequence
     if start_n * BLOCK_N < N_K:
         causal_offset = N_K - N_Q
         diag_lo = causal_offset - win_left  # row i sees key j iff diag_lo <= j - i <= diag_hi
@@ -238,13 +242,7 @@ def _dq_kernel(
     off_zh = tl.program_id(1)
     off_z, off_h = off_zh // H, off_zh % H
     off_hkv = off_h // GROUP
-    q_start = 0
-    k_start = 0
-    if VARLEN:
-        q_start = tl.load(CU_Q + off_z)
-        k_start = tl.load(CU_K + off_z)
-        N_Q = tl.load(CU_Q + off_z + 1) - q_start
-        N_K = tl.load(CU_K + off_z + 1) - k_start
+    q_start, k_start, N_Q, N_K = sequence_bounds(CU_Q, CU_K, off_z, N_Q, N_K, VARLEN)  # varlen: this sequence
     if start_m * BLOCK_M < N_Q:
         causal_offset = N_K - N_Q
         diag_lo = causal_offset - win_left

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from .._validate import positive_int
-from ._common import INTERPRET, LN2, LOG2E, check_head_dim, check_runnable, check_scale, check_tensors
+from ._common import INTERPRET, LN2, LOG2E, check_head_dim, check_runnable, check_scale, check_tensors, load_kv_tiles
 from .forward import online_softmax_step
 
 __all__ = ["flash_decode", "combine_splits", "choose_num_splits", "DEFAULT_NUM_SMS", "MAX_SPLITS"]
@@ -90,18 +90,7 @@ def _attend_chunk(
             v_rows = off_b * stride_v0 + n * stride_vn
         k_ptrs = K + k_rows[None, :] + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N) = K_j^T
         v_ptrs = V + v_rows[:, None] + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D) = V_j
-        if MASKED:
-            k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        elif BLOCK_D != D_HEAD:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        if UPCAST:  # the interpreter computes bf16 dots wrongly: work in fp32 there
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tiles(k_ptrs, v_ptrs, n_ok, d_ok, MASKED, BLOCK_D != D_HEAD, UPCAST)  # as forward.py
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")  # Q K_j^T (BLOCK_M, BLOCK_N), unscaled
         else:

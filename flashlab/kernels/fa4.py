@@ -84,6 +84,7 @@ from ._common import (
     check_tensors,
     configs,
     launch_options,
+    load_kv_tiles,
     pruner,
 )
 
@@ -236,18 +237,7 @@ def _attend_fa4(
     d_ok = offs_d < D_HEAD
     for start_n in range(lo, hi, BLOCK_N):
         n = start_n + offs_n
-        if MASKED:
-            k = tl.load(k_ptrs, mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # K_j^T (BLOCK_D, BLOCK_N)
-            v = tl.load(v_ptrs, mask=(n[:, None] < N_K) & d_ok[None, :], other=0.0)  # V_j (BLOCK_N, BLOCK_D)
-        elif BLOCK_D != D_HEAD:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        if UPCAST:  # the interpreter computes bf16 dots wrongly: work in fp32 there
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, UPCAST)  # K_j^T, V_j
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")
         else:

@@ -27,7 +27,18 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import AUTOTUNE_OPTIONS, INTERPRET, Candidate, configs, launch_options, pruner, visible_range_tl, window_bounds
+from ._common import (
+    AUTOTUNE_OPTIONS,
+    INTERPRET,
+    Candidate,
+    configs,
+    launch_options,
+    load_kv_tiles,
+    pruner,
+    sequence_bounds,
+    visible_range_tl,
+    window_bounds,
+)
 
 # (BLOCK_M, BLOCK_N, warps, stages) candidates for sm_90; autotune picks per shape.
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
@@ -90,19 +101,12 @@ def _attend(
         n = start_n + offs_n  # (BLOCK_N,) key indices
         if TMA:
             k = desc_k.load([kv_row0 + start_n, 0]).T  # (BLOCK_D, BLOCK_N) = K_j^T
-            v = desc_v.load([kv_row0 + start_n, 0])  # (BLOCK_N, BLOCK_D)
-        elif MASKED:
-            k = tl.load(k_ptrs, mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N) = K_j^T
-            v = tl.load(v_ptrs, mask=(n[:, None] < N_K) & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
-        elif BLOCK_D != D_HEAD:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        if UPCAST:  # the interpreter computes bf16 dots wrongly: work in fp32 there
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+            v = desc_v.load([kv_row0 + start_n, 0])  # (BLOCK_N, BLOCK_D) = V_j
+            if UPCAST:  # the interpreter computes bf16 dots wrongly: work in fp32 there
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+        else:  # K_j^T (BLOCK_D, BLOCK_N), V_j (BLOCK_N, BLOCK_D), masked where needed
+            k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, UPCAST)
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")  # Q_i K_j^T (BLOCK_M, BLOCK_N), unscaled
         else:
@@ -198,13 +202,8 @@ def _forward_kernel(
     off_z = off_zh // H  # batch index (the sequence index for varlen)
     off_h = off_zh % H
     off_hkv = off_h // GROUP  # GQA: GROUP query heads share one K/V head
-    q_start = 0
-    k_start = 0
-    if VARLEN:  # packed sequences: this sequence's rows and lengths from cu_seqlens
-        q_start = tl.load(CU_Q + off_z)
-        k_start = tl.load(CU_K + off_z)
-        N_Q = tl.load(CU_Q + off_z + 1) - q_start
-        N_K = tl.load(CU_K + off_z + 1) - k_start
+    # packed sequences (VARLEN): this sequence's first rows and lengths, from cu_seqlens
+    q_start, k_start, N_Q, N_K = sequence_bounds(CU_Q, CU_K, off_z, N_Q, N_K, VARLEN)
     kv_row0 = (off_z * (H // GROUP) + off_hkv) * N_K  # TMA: this K/V head's first row
     if PER_HEAD:
         for start_m in range(0, tl.cdiv(N_Q, BLOCK_M)):

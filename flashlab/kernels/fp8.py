@@ -77,6 +77,7 @@ from ._common import (
     check_tensors,
     configs,
     launch_options,
+    load_kv_tiles,
     pruner,
 )
 
@@ -135,15 +136,9 @@ def _attend_fp8(
     d_ok = offs_d < D_HEAD
     for start_n in range(lo, hi, BLOCK_N):
         n = start_n + offs_n  # (BLOCK_N,) key indices
-        if MASKED:
-            k = tl.load(k_ptrs, mask=(n[None, :] < N_K) & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N) = K8_j^T
-            v = tl.load(v_ptrs, mask=(n[:, None] < N_K) & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D) = V8_j
-        elif BLOCK_D != D_HEAD:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        # K8_j^T (BLOCK_D, BLOCK_N) and V8_j (BLOCK_N, BLOCK_D), kept in fp8 (fp8 loads and dots are exact
+        # under the interpreter, so no upcast)
+        k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, False)
         qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
         # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result.
         if K_SB == 0:  # dk per (batch, head): already folded into row_factor
