@@ -159,6 +159,40 @@ def test_no_page_loads_anything_from_the_network(site):
     assert not bad, "pages that would reach the network:\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
+def test_every_image_and_internal_link_resolves(site):
+    """A crawler over the built pages: every <img> and every local file a page links to exists,
+    and every #fragment names an id (or a name) on the page it points to."""
+    from urllib.parse import unquote, urlsplit
+
+    ids: dict[Path, set[str]] = {}
+
+    def ids_of(path: Path) -> set[str]:
+        if path not in ids:
+            tags = parse(path.read_text(encoding="utf-8")).tags
+            ids[path] = {a[k] for _, a in tags for k in ("id", "name") if a.get(k)}
+        return ids[path]
+
+    bad, checked = [], 0
+    for path in sorted(site.rglob("*.html")):
+        if "_static" in path.relative_to(site).parts or path.name in ("genindex.html", "search.html"):
+            continue
+        for tag, a in parse(path.read_text(encoding="utf-8")).tags:
+            url = a.get("src", "") if tag == "img" else a.get("href", "") if tag == "a" else ""
+            if not url or NETWORK.match(url) or url.startswith(("mailto:", "javascript:", "data:")):
+                continue
+            parts = urlsplit(url)
+            target = path if not parts.path else (path.parent / unquote(parts.path)).resolve()
+            checked += 1
+            where = f"{path.relative_to(site)}: <{tag}> {url}"
+            if not target.is_file():
+                bad.append(f"{where} (no such file)")
+            elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in ids_of(target):
+                bad.append(f"{where} (no id {parts.fragment!r} there)")
+    assert checked > 100, f"only {checked} links and images found: is the crawler reading the pages?"
+    assert not bad, f"{len(bad)} broken images or internal links:\n" + "\n".join(bad[:40])
+
+
 def _chromium() -> str:
     """Path of a Chromium binary; installs Debian's package (as `make chromium` does) if missing."""
     names = ("chromium", "chromium-browser", "google-chrome")
