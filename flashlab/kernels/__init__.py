@@ -25,10 +25,9 @@ from ._common import (
     MAX_HEAD_DIM,
     SUPPORTED_DTYPES,
     check_cu_seqlens,
-    check_head_dim,
+    check_qkv,
     check_runnable,
     check_scale,
-    check_tensors,
     check_window,
 )
 from .backward import backward as _backward
@@ -48,22 +47,7 @@ __all__ = [
 ]
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, varlen: bool = False) -> float:
-    layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, heads, seq_len, head_dim)"
-    check_tensors(q, layout, k=(k, layout), v=(v, layout), dims=3 if varlen else 4)
-    d = q.shape[-1]
-    if not varlen and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
-        raise ValueError(f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[-1] != d:
-        raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
-    check_head_dim(d)
-    H, H_KV = q.shape[1], k.shape[1]
-    if H_KV < 1 or H % H_KV != 0:
-        raise ValueError(
-            f"the number of K/V heads must divide the number of query heads (GQA/MQA); got {H} query heads and {H_KV} K/V heads"
-        )
-    return check_scale(scale, d)
+    return check_scale(scale, check_qkv(q, k, v, varlen))
 
 
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:

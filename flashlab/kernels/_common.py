@@ -220,6 +220,28 @@ def check_tensors(q: torch.Tensor, q_layout: str, dims: int = 4, **others: tuple
             raise TypeError(f"q and {name} must have the same dtype; got q {q.dtype}, {name} {t.dtype}")
 
 
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool = False) -> int:
+    """The attention inputs' shapes: q (B, H, N_q, d) with k and v (B, H_kv, N_k, d), or packed
+    (total, H, d) and (total_k, H_kv, d) for ``varlen``; same dtype and device; k and v alike;
+    a supported d; H_kv dividing H (GQA/MQA). Returns d."""
+    layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, heads, seq_len, head_dim)"
+    check_tensors(q, layout, dims=3 if varlen else 4, k=(k, layout), v=(v, layout))
+    d = q.shape[-1]
+    if not varlen and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
+        raise ValueError(f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}")
+    check_head_dim(d)
+    H, H_KV = q.shape[1], k.shape[1]
+    if H_KV < 1 or H % H_KV != 0:
+        raise ValueError(
+            f"the number of K/V heads must divide the number of query heads (GQA/MQA); got {H} query heads and {H_KV} K/V heads"
+        )
+    return d
+
+
 def check_head_dim(d: int) -> None:
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ValueError(f"head dimension d must be between 1 and {MAX_HEAD_DIM}; got {d}")

@@ -78,10 +78,9 @@ from ._common import (
     INTERPRET,
     LOG2E,
     Candidate,
-    check_head_dim,
+    check_qkv,
     check_runnable,
     check_scale,
-    check_tensors,
     configs,
     launch_options,
     load_kv_tiles,
@@ -353,28 +352,16 @@ def fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 
 def _check(q, k, v, scale, poly_fraction, rescale_threshold) -> float:
-    layout = "(batch, heads, seq_len, head_dim)"
-    check_tensors(q, layout, k=(k, layout), v=(v, layout))
-    B, H, _, d = q.shape
-    if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[3] != d:
-        raise ValueError(f"q and k must have the same head dimension d; got q.shape={tuple(q.shape)}, "
-                         f"k.shape={tuple(k.shape)}")
-    check_head_dim(d)
-    if k.shape[1] < 1 or H % k.shape[1] != 0:
-        raise ValueError(f"the number of K/V heads must divide the number of query heads (GQA/MQA); "
-                         f"got {H} query heads and {k.shape[1]} K/V heads")
+    d = check_qkv(q, k, v)
     poly_shift(poly_fraction)
     if rescale_threshold is not None:
         if isinstance(rescale_threshold, bool) or not isinstance(rescale_threshold, (int, float)) \
                 or not 0.0 <= float(rescale_threshold) <= MAX_THRESHOLD:
             raise ValueError(f"rescale_threshold must be None or a number in [0, {MAX_THRESHOLD}] (log2 units; "
                              f"P <= 2^threshold must fit fp16); got {rescale_threshold!r}")
-    check_runnable(q.device)
-    return check_scale(scale, d)
+    scale = check_scale(scale, d)
+    check_runnable(q.device)  # last: every argument is checked wherever the tensors live
+    return scale
 
 
 def flash_attention_fa4(
