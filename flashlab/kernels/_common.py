@@ -162,6 +162,20 @@ def visible_range_tl(a0, A_BLOCK: tl.constexpr, n_self, lo_shift, hi_shift, n_ot
 
 
 @triton.jit
+def causal_range_tl(start_m, BLOCK_M: tl.constexpr, N_Q, N_K, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """:func:`causal_key_range`'s (lo, hi) inside a kernel, for kernels with two key loops
+    ([0, lo) unmasked, [lo, hi) masked): the causal case of :func:`visible_range_tl`.
+    Without CAUSAL, lo is the end of the last whole key block and hi = N_K."""
+    big = N_Q + N_K  # an unbounded side (see window_bounds)
+    if CAUSAL:
+        right = 0
+    else:
+        right = big
+    _, _, lo, hi = visible_range_tl(start_m * BLOCK_M, BLOCK_M, N_Q, N_K - N_Q - big, N_K - N_Q + right, N_K, BLOCK_N)
+    return lo, hi
+
+
+@triton.jit
 def load_kv_tiles(k_ptrs, v_ptrs, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, UPCAST: tl.constexpr):
     """K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D) through pointers, as every kernel's key
     loop reads them: masked by the key bound ``n_ok`` (BLOCK_N,) in MASKED blocks, by the head

@@ -78,6 +78,7 @@ from ._common import (
     INTERPRET,
     LOG2E,
     Candidate,
+    causal_range_tl,
     check_qkv,
     check_runnable,
     check_scale,
@@ -293,13 +294,8 @@ def _fa4_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     count = tl.full([], 0, tl.int32)  # rescales taken by this program
 
-    full_n = (N_K // BLOCK_N) * BLOCK_N  # the ranges of _common.causal_key_range
-    if CAUSAL:
-        hi = tl.minimum(tl.maximum(start_m * BLOCK_M + BLOCK_M + causal_offset, 0), N_K)
-        lo = tl.minimum((tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N, full_n)
-    else:
-        hi = N_K
-        lo = full_n
+    # Which key blocks to visit (_common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
+    lo, hi = causal_range_tl(start_m, BLOCK_M, N_Q, N_K, BLOCK_N, CAUSAL)
     acc, l_i, m_i, count = _attend_fa4(acc, l_i, m_i, count, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
                                        offs_m, offs_n, offs_d, 0, lo, qk_scale, tau, N_K, causal_offset,
                                        D_HEAD, BLOCK_D, BLOCK_M, BLOCK_N, False, CAUSAL, UPCAST, IEEE,

@@ -71,6 +71,7 @@ from ._common import (
     LOG2E,
     SUPPORTED_DTYPES,
     Candidate,
+    causal_range_tl,
     check_head_dim,
     check_runnable,
     check_scale,
@@ -231,14 +232,8 @@ def _fp8_forward_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Which key blocks to visit (see _common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
-    full_n = (N_K // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum(tl.maximum(start_m * BLOCK_M + BLOCK_M + causal_offset, 0), N_K)
-        lo = tl.minimum((tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N, full_n)
-    else:
-        hi = N_K
-        lo = full_n
+    # Which key blocks to visit (_common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
+    lo, hi = causal_range_tl(start_m, BLOCK_M, N_Q, N_K, BLOCK_N, CAUSAL)
     acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                         k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                         offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
