@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["EXPERIMENTS", "TAG", "record", "ms", "require_gpu", "run"]
+__all__ = ["EXPERIMENTS", "TAG", "record", "ms", "precompile", "require_gpu", "run"]
 
 TAG = "h200"  # suffix of the result stems: the lent GPU
 COMMAND = "python -m flashlab.experiments"
@@ -34,7 +34,9 @@ EXPERIMENTS: dict[str, str] = {
     "determinism": "flashlab.experiments.kernels:determinism",
     "memory": "flashlab.experiments.kernels:memory",
     "beyond": "flashlab.experiments.kernels:beyond",
+    "decode": "flashlab.experiments.kernels:decode",
     "fp8": "flashlab.experiments.fp8:run",
+    "fp8tiles": "flashlab.experiments.fp8:tiles",
     "fa4": "flashlab.experiments.fa4:run",
 }
 
@@ -49,6 +51,34 @@ def ms(fn: Callable[[], object]) -> float:
     from ..bench import time_ms
 
     return time_ms(fn, "cuda")
+
+
+def _call(spec: tuple[str, tuple]) -> str:
+    """Run ``module:function(*args)`` once (in a worker process); return "ok" or the error."""
+    target, args = spec
+    module, func = target.split(":")
+    try:
+        getattr(importlib.import_module(module), func)(*args)
+        return "ok"
+    except Exception as exc:  # the timed run reports failures; here they only cost a compile
+        return f"{type(exc).__name__}: {str(exc)[:100]}"
+
+
+def precompile(calls: list[tuple[str, tuple]], workers: int = 12) -> list[str]:
+    """Run each ``("module:function", args)`` once in a pool of spawned processes, so that
+    Triton compiles the kernels they launch in parallel into its on-disk cache. The timing
+    process, which runs one configuration after another, then loads binaries instead of
+    compiling each in turn (a compile takes seconds; a timing, a fraction of one). What the
+    workers measure is thrown away: they share the GPU, so their timings would mean nothing."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if not calls:
+        return []
+    with ProcessPoolExecutor(max_workers=min(workers, len(calls)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        status = list(pool.map(_call, calls))
+    print(f"precompiled {sum(s == 'ok' for s in status)}/{len(calls)} in parallel", flush=True)
+    return status
 
 
 def record(stem: str, rows: list[dict[str, object]], out: str | Path) -> list[Path]:

@@ -123,3 +123,64 @@ def run(out: Path) -> list[Path]:
     paths = record("fp8_rmse", rmse_rows(), out)  # small and quick: first, so a slow benchmark cannot lose it
     paths += record("fp8_bench", bench_rows(), out)
     return paths
+
+
+# (BLOCK_M, BLOCK_N, warps, stages) tried by :func:`tiles`; the first is the kernel's default.
+TILE_CONFIGS = [(128, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 3), (128, 64, 4, 3),
+                (128, 256, 8, 2), (128, 256, 8, 3), (256, 128, 8, 2)]
+TILE_NS = (4096, 16384)
+
+
+def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, timed: bool = False) -> dict[str, object]:
+    """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration
+    and descale blocks of ``block`` rows; timed if asked. ``config=None``: flashlab's bf16 forward."""
+    from ..kernels import flash_attention
+    from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
+
+    d = 128
+    B, H = TOKENS // n, HEADS_X_D // d
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    if config is None:
+        fn = lambda: flash_attention(q, k, v)  # noqa: E731
+        row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "", "block": ""}
+    else:
+        pre = quantize_qkv(q, k, v, block=block)
+        fn = lambda: flash_attention_fp8(**pre, config=config)  # noqa: E731
+        row = {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
+               "warps": config[2], "stages": config[3], "block": block}
+    row.update(d=d, N=n, B=B, H=H)
+    try:
+        with torch.no_grad():
+            o = fn()
+            if timed:
+                ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+                err = (o.float() - ref).abs().max().item()
+                t = ms(fn)
+                row.update(ms=round(t, 5), tflops=round(_flops(B, H, n, d, False) / (t * 1e-3) / 1e12, 2),
+                           max_err=f"{err:.2e}", status="ok")
+    except Exception as exc:  # out of shared memory or registers: record it
+        if not timed:
+            raise
+        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
+    return row
+
+
+def tiles(out: Path) -> list[Path]:
+    """The FP8 kernel's speed across tile configurations (TILE_CONFIGS) and descale blocks of
+    128 or 256 rows, beside flashlab's autotuned bf16 forward in the same process: which
+    lever moves FP8 toward 1.5x bf16. Configurations are compiled in parallel first."""
+    require_gpu()
+    from . import precompile
+
+    cases = [(c, b, n) for n in TILE_NS for c in TILE_CONFIGS for b in (128, 256) if b % c[1] == 0]
+    precompile([("flashlab.experiments.fp8:_tile_case", case) for case in cases if case[2] == TILE_NS[0]])
+    rows = []
+    for n in TILE_NS:
+        rows.append(_tile_case(None, 0, n, timed=True))
+        print(rows[-1], flush=True)
+    for case in cases:
+        rows.append(_tile_case(*case, timed=True))
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
+    return record("fp8_tiles", rows, out)

@@ -83,39 +83,59 @@ def grid(out: Path) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------- chapter 6
+# (d, N, causal, BLOCK_M, BLOCK_N, warps, stages, tma, warp_specialize): one row each.
+_PIPELINE_CASES = [
+    *[(128, 8192, False, 128, 128, 8, s, False, False) for s in (1, 2, 3)],  # how many K/V tiles in flight
+    *[(128, 8192, False, 128, 128, 8, s, t, w) for s in (2, 3) for t in (False, True) for w in (False, True) if t or w],
+    *[(128, 8192, False, 128, 128, 4, 3, t, w) for t in (False, True) for w in (False, True)],
+    *[(128, 8192, False, 128, 64, w_, 3, True, w) for w_ in (4, 8) for w in (False, True)],
+    (128, 8192, False, 128, 64, 4, 2, False, False),
+    *[(128, 4096, True, 128, 128, 8, 3, t, w) for t in (False, True) for w in (False, True)],
+    *[(64, 8192, False, 128, 64, 4, s, t, w) for s in (3, 4) for t in (False, True) for w in (False, True)],
+    *[(64, 8192, False, 128, 128, 8, 3, t, False) for t in (False, True)],
+]
+
+
+def _pipeline_case(d, N, causal, bm, bn, warps, stages, tma, ws, timed: bool = False) -> dict[str, object]:
+    """Run (and, if ``timed``, time) the forward with one fixed configuration at B*N = 16k
+    tokens, H = 2048/d; returns the experiment's row."""
+    from ..kernels.forward import forward
+
+    B, H = 16384 // N, 2048 // d
+    row: dict[str, object] = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn,
+                              "warps": warps, "stages": stages, "warp_specialize": ws, "tma": tma}
+    q, k, v = _qkv(B, H, N, d)
+    cfg = (bm, bn, warps, stages)
+    run = lambda: forward(q, k, v, causal, d**-0.5, cfg, warp_specialize=ws, tma=tma)  # noqa: E731
+    try:
+        with torch.no_grad():
+            o, _ = run()
+            if timed:
+                ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+                err = (o.float() - ref).abs().max().item()
+                t = ms(run)
+                row.update(ms=round(t, 5), tflops=_tflops(_fwd_flops(B, H, N, N, d, causal), t), max_err=f"{err:.2e}", status="ok")
+    except Exception as exc:  # e.g. out of shared memory, or a pass the compiler refuses
+        if not timed:
+            raise
+        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
+    return row
+
+
 def pipelining(out: Path) -> list[Path]:
     """Forward TFLOP/s across num_stages (how many K/V tiles are in flight), Triton's warp
     specialisation of the main loop, and K/V loads through TMA tensor descriptors vs plain
-    pointer loads, for a few block shapes, at B*N = 16k tokens, H = 2048/d."""
+    pointer loads, for a few block shapes (_PIPELINE_CASES). The configurations are compiled
+    in parallel first (:func:`precompile`), then timed one at a time."""
     require_gpu()
-    from ..kernels.forward import forward
+    from . import precompile
 
+    precompile([("flashlab.experiments.kernels:_pipeline_case", case) for case in _PIPELINE_CASES])
     rows = []
-    # (d, N, causal, (BLOCK_M, BLOCK_N, warps), stages to try)
-    cases = [(128, 8192, False, (128, 128, 8), (1, 2, 3)), (128, 8192, False, (128, 64, 4), (2,)),
-             (128, 8192, True, (128, 128, 8), (3,)), (64, 8192, False, (128, 64, 4), (3, 4))]
-    for d, N, causal, (bm, bn, warps), stage_list in cases:
-        B, H = 16384 // N, 2048 // d
-        q, k, v = _qkv(B, H, N, d)
-        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-        for tma in (False, True):
-            for ws in (False, True):
-                for stages in stage_list:
-                    row = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn, "warps": warps,
-                           "stages": stages, "warp_specialize": ws, "tma": tma}
-                    cfg = (bm, bn, warps, stages)
-                    try:
-                        with torch.no_grad():
-                            o, _ = forward(q, k, v, causal, d**-0.5, cfg, warp_specialize=ws, tma=tma)
-                            err = (o.float() - ref).abs().max().item()
-                            t = ms(lambda: forward(q, k, v, causal, d**-0.5, cfg, warp_specialize=ws, tma=tma))
-                        row.update(ms=round(t, 5), tflops=_tflops(_fwd_flops(B, H, N, N, d, causal), t),
-                                   max_err=f"{err:.2e}", status="ok")
-                    except Exception as exc:  # e.g. out of shared memory, or a pass the compiler refuses
-                        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
-                    rows.append(row)
-                    print(row, flush=True)
-        del q, k, v, ref
+    for case in _PIPELINE_CASES:
+        rows.append(_pipeline_case(*case, timed=True))
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
     return record("pipelining", rows, out)
 
 
@@ -201,11 +221,11 @@ def memory(out: Path) -> list[Path]:
 
 # ----------------------------------------------------------------------------- chapter 9
 def beyond(out: Path) -> list[Path]:
-    """The features of chapter 9, each timed beside its baseline, with rows in the bench columns
+    """The features of chapter 9 but decoding (:func:`decode`), each timed beside its baseline, with rows in the bench columns
     (impl, dtype, causal, d, N, B, H, pass, ms, tflops) plus a 'case' and a 'note'."""
     require_gpu()
     from ..bench import fused_attention_torch
-    from ..kernels import flash_attention, flash_attention_varlen, flash_decode
+    from ..kernels import flash_attention, flash_attention_varlen
 
     rows: list[dict[str, object]] = []
 
@@ -277,31 +297,98 @@ def beyond(out: Path) -> list[Path]:
     add("varlen", "sdpa_padded_mask", True, d, L, B, H, "fwd", t, flops, note + f";peak_gib={torch.cuda.max_memory_allocated() / 2**30:.1f}")
     del q, k, v, do, qp, kp, vp, dop, mask
     torch.cuda.empty_cache()
-    # 5. decoding: B = 1, H = 8, d = 128, one new token against a 64k cache
-    for B, H, N in ((1, 8, 65536), (1, 32, 65536), (8, 8, 16384)):
-        d = 128
-        g2 = torch.Generator(device="cuda").manual_seed(3)
-        q = torch.randn(B, H, 1, d, device="cuda", dtype=BF16, generator=g2)
-        kc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g2)
-        vc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g2)
+    return record("beyond", rows, out)
+
+
+def _host_us(fn, calls: int = 200) -> float:
+    """Microseconds the host spends per call of ``fn`` (argument checks, Python, kernel
+    launches), measured while the GPU queue absorbs the work: the per-call cost a CUDA graph
+    removes. 200 calls stay far below the launch queue's depth, so the host never waits."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def _paged(cache: torch.Tensor, page_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contiguous cache (B, H_kv, N, d) moved into a shuffled pool of pages
+    (num_pages, page_size, H_kv, d) with its block table (B, N / page_size) int32."""
+    B, H, N, d = cache.shape
+    pages = cache.transpose(1, 2).reshape(B * N // page_size, page_size, H, d)  # in logical order
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randperm(pages.shape[0], generator=g).to(cache.device, torch.int32)
+    pool = torch.empty_like(pages)
+    pool[table.long()] = pages  # logical page i of the flat order lives in physical page table[i]
+    return pool, table.view(B, N // page_size)
+
+
+def decode(out: Path) -> list[Path]:
+    """Decoding (chapter 9): one new token per sequence against a long KV cache, d = 128.
+    Each implementation is timed three ways: called from Python (do_bench, as a plain loop
+    runs it), replayed as a CUDA graph (the GPU's time alone, as serving engines run decoding),
+    and the host's own cost per call. Also: the paged cache (pages of 16 and 256 keys, shuffled)
+    against the contiguous one, and the split count swept around the heuristic's choice."""
+    require_gpu()
+    from ..bench import fused_attention_torch
+    from ..kernels import flash_attention, flash_decode
+    from ..kernels.decoding import _launch_config, choose_num_splits
+
+    rows: list[dict[str, object]] = []
+
+    def add(impl, d, N, B, H, t, flops, bytes_, note=""):
+        rows.append({"case": "decode", "impl": impl, "dtype": "bfloat16", "causal": False, "d": d, "N": N, "B": B, "H": H,
+                     "pass": "fwd", "ms": round(t, 5), "tflops": _tflops(flops, t),
+                     "note": f"GB/s={bytes_ / (t * 1e-3) / 1e9:.0f}" + (f";{note}" if note else "")})
+        print(rows[-1], flush=True)
+
+    d = 128
+    for B, H, N in ((1, 8, 65536), (1, 32, 65536), (8, 8, 16384), (1, 8, 16384)):
+        g = torch.Generator(device="cuda").manual_seed(3)
+        q = torch.randn(B, H, 1, d, device="cuda", dtype=BF16, generator=g)
+        kc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g)
+        vc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g)
         seqlens = torch.full((B,), N, dtype=torch.int32, device="cuda")
-        flops = 4 * B * H * N * d
-        bytes_ = 2 * B * H * N * d * 2
-        for impl, fn in (("flashlab_decode_unsplit", lambda: flash_decode(q, kc, vc, seqlens, num_splits=1, validate=False)),
-                         ("flashlab_decode_split", lambda: flash_decode(q, kc, vc, seqlens, validate=False)),
-                         ("flashlab_fwd", lambda: flash_attention(q, kc, vc, causal=True)),
-                         ("sdpa_flash", lambda: fused_attention_torch(q, kc, vc, False, "flash")),
-                         ("sdpa_cudnn", lambda: fused_attention_torch(q, kc, vc, False, "cudnn")),
-                         ("sdpa_default", lambda: torch.nn.functional.scaled_dot_product_attention(q, kc, vc))):
+        flops, bytes_ = 4 * B * H * N * d, 2 * B * H * N * d * 2  # K and V read once
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kc.float(), vc.float())
+        impls = {
+            "flashlab_decode_unsplit": lambda: flash_decode(q, kc, vc, seqlens, num_splits=1, validate=False),
+            "flashlab_decode_split": lambda: flash_decode(q, kc, vc, seqlens, validate=False),
+            "flashlab_fwd": lambda: flash_attention(q, kc, vc, causal=True),
+            "sdpa_flash": lambda: fused_attention_torch(q, kc, vc, False, "flash"),
+            "sdpa_cudnn": lambda: fused_attention_torch(q, kc, vc, False, "cudnn"),
+            "sdpa_default": lambda: torch.nn.functional.scaled_dot_product_attention(q, kc, vc),
+        }
+        for page_size in (16, 256):
+            kp, table = _paged(kc, page_size)
+            vp, _ = _paged(vc, page_size)
+            impls[f"flashlab_decode_paged{page_size}"] = (
+                lambda kp=kp, vp=vp, table=table, page_size=page_size:
+                flash_decode(q, kp, vp, seqlens, block_table=table, page_size=page_size, validate=False))
+        for impl, fn in impls.items():
             try:
                 with torch.no_grad():
+                    err = (fn().float() - ref).abs().max().item()
                     t = ms(fn)
+                    host = _host_us(fn)
+                    t_graph = _graph_ms(fn)
             except (RuntimeError, ValueError) as exc:
                 print(f"decode {impl}: skipped ({str(exc)[:80]})", flush=True)
                 continue
-            add("decode", impl, False, d, N, B, H, "fwd", t, flops, note=f"GB/s={bytes_ / (t * 1e-3) / 1e9:.0f}")
-            if impl in ("flashlab_decode_split", "sdpa_flash", "sdpa_cudnn"):  # the same call replayed as a CUDA graph
-                t = _graph_ms(fn)  # (as a decoding loop runs it): no Python or launch cost per call
-                add("decode", impl + "_graph", False, d, N, B, H, "fwd", t, flops, note=f"GB/s={bytes_ / (t * 1e-3) / 1e9:.0f}")
-        del q, kc, vc
-    return record("beyond", rows, out)
+            add(impl, d, N, B, H, t, flops, bytes_, f"max_err={err:.1e};host_us={host:.1f}")
+            add(impl + "_graph", d, N, B, H, t_graph, flops, bytes_)
+        # the split count: the heuristic's choice against its neighbours, GPU time only (graphs)
+        block_m, block_n, _, _ = _launch_config(1, d)
+        chosen = choose_num_splits(B * H, -(-N // block_n), torch.cuda.get_device_properties(0).multi_processor_count)
+        for s in sorted({1, 2, 4, 8, 16, 32, 64, 128, chosen}):
+            with torch.no_grad():
+                t = _graph_ms(lambda: flash_decode(q, kc, vc, seqlens, num_splits=s, validate=False))
+            add(f"flashlab_decode_splits{s}_graph", d, N, B, H, t, flops, bytes_, f"num_splits={s};chosen={chosen}")
+        del q, kc, vc, impls
+        torch.cuda.empty_cache()
+    return record("decode", rows, out)

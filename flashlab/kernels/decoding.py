@@ -49,6 +49,7 @@ logical page -> physical page (页表); lse = log-sum-exp, here in log2 units.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -221,10 +222,10 @@ def _combine_kernel(
 
 def _combine_into(o_parts: torch.Tensor, lse2_parts: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor) -> None:
     B, H, S, N_Q, D = o_parts.shape
-    block_s = triton.next_power_of_2(S)
+    block_s = _pow2(S)
     _combine_kernel[(B * H * N_Q,)](
         o_parts, lse2_parts, o, lse2, *o_parts.stride(), *lse2_parts.stride(), *o.stride(),
-        H, N_Q, S, D_HEAD=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_S=block_s, CHUNK_S=min(block_s, 16),
+        H, N_Q, S, D_HEAD=D, BLOCK_D=_pow2(D), BLOCK_S=block_s, CHUNK_S=min(block_s, 16),
     )
 
 
@@ -259,12 +260,18 @@ def combine_splits(o_parts: torch.Tensor, lse2_parts: torch.Tensor,
 
 
 # --------------------------------------------------------------------------- launch choices
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (triton.next_power_of_2 without its per-call cost on
+    the host, which a decoding step pays on every token)."""
+    return 1 << (n - 1).bit_length()
+
+
 def _launch_config(rows: int, block_d: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for n_q·GROUP packed rows. Decoding is
     memory-bound, so BLOCK_M is as small as the tensor cores allow (16) unless the group is
     larger; BLOCK_N = 64 keys (32 at d = 256, to fit shared memory) with 3 stages in flight.
     Under the interpreter BLOCK_N = 16, so small test caches cross many blocks."""
-    block_m = min(max(16, triton.next_power_of_2(rows)), 64 if block_d <= 128 else 32)
+    block_m = min(max(16, _pow2(rows)), 64 if block_d <= 128 else 32)
     if INTERPRET:
         return block_m, 16, 4, 1
     return block_m, (64 if block_d <= 128 else 32), 4, 3
@@ -289,6 +296,13 @@ def choose_num_splits(programs: int, key_blocks: int, num_sms: int = DEFAULT_NUM
     """
     programs, key_blocks, num_sms = (positive_int(n, x) for n, x in
                                      (("programs", programs), ("key_blocks", key_blocks), ("num_sms", num_sms)))
+    return _num_splits(programs, key_blocks, num_sms)
+
+
+@functools.lru_cache(maxsize=1024)
+def _num_splits(programs: int, key_blocks: int, num_sms: int) -> int:
+    """choose_num_splits after its checks, cached: a decoding loop asks the same question every
+    step, and the search over split counts costs as much host time as launching a kernel."""
     slots = 2 * num_sms
     if programs >= 0.8 * slots:
         return 1
@@ -409,11 +423,11 @@ def flash_decode(
     H_KV = k_cache.shape[2] if paged else k_cache.shape[1]
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     group = H // H_KV
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, _pow2(D))
     block_m, block_n, warps, stages = _launch_config(group * N_Q, block_d)
-    row_blocks = triton.cdiv(group * N_Q, block_m)
+    row_blocks = -(-group * N_Q // block_m)
     if num_splits is None:
-        num_splits = choose_num_splits(B * H_KV * row_blocks, max(1, triton.cdiv(capacity, block_n)), _num_sms(q.device))
+        num_splits = choose_num_splits(B * H_KV * row_blocks, max(1, -(-capacity // block_n)), _num_sms(q.device))
 
     o = torch.empty((B, H, N_Q, D), device=q.device, dtype=q.dtype)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)

@@ -141,26 +141,30 @@ def _attend_fp8(
         # under the interpreter, so no upcast)
         k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, False)
         qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
-        # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result.
+        # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result. When one factor
+        # f_i serves a whole row of the tile, S is never formed: max(S) = f_i max(qk) (f_i > 0), and
+        # the exponent below takes qk * f_i - (m - 8) as one fused multiply-add, as in forward.py.
         if K_SB == 0:  # dk per (batch, head): already folded into row_factor
-            s = qk * row_factor[:, None]
+            f = row_factor
         elif K_SB % BLOCK_N == 0:  # the whole key tile shares one descale
-            kd = tl.load(kd_ptr + (start_n // K_SB) * stride_kdb)
-            s = qk * (row_factor * kd)[:, None]
+            f = row_factor * tl.load(kd_ptr + (start_n // K_SB) * stride_kdb)
         else:  # quantisation blocks cut through the tile: one descale per key
             kd = tl.load(kd_ptr + (n // K_SB) * stride_kdb, mask=n < N_K, other=1.0)
-            s = qk * row_factor[:, None] * kd[None, :]
-        if MASKED:
+            qk = qk * kd[None, :]  # the per-key factor first; f_i then scales whole rows
+            f = row_factor
+        if MASKED:  # the few boundary tiles form S and mask it (safe even for a zero descale)
             visible = n[None, :] < N_K
             if CAUSAL:
                 visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
-        m_ref = m_new
-        if MASKED:
+            s = tl.where(visible, qk * f[:, None], float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
+            p = tl.math.exp2(s - (m_ref - 8.0)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new) in (0, 256] (P_SHIFT)
+        else:  # interior tiles: descales are positive, so rowmax(qk f) = f rowmax(qk)
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
+            m_ref = m_new
+            p = tl.math.exp2(qk * f[:, None] - (m_ref - 8.0)[:, None])  # the same P_ij, one FMA per score
         alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
-        p = tl.math.exp2(s - (m_ref - 8.0)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new) in (0, 256] (P_SHIFT)
         l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
         if EMULATE_CAST:
             p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
@@ -412,7 +416,9 @@ def flash_attention_fp8(
     causal : mask keys after the query, aligned bottom-right when N_q != N_k.
     scale : softmax scale, default 1/sqrt(d).
     q_descale, k_descale, v_descale : float32 (B, H, ceil(N / block)), or (B, H, 1) when the
-        block is None; None means 1 (the fp8 values are the true values).
+        block is None; None means 1 (the fp8 values are the true values). Positive, as
+        :func:`quantize_fp8` makes them (amax / 448, or 1 for an all-zero block): the kernel
+        takes rowmax(qk · descale) as descale · rowmax(qk).
     q_block, k_block, v_block : rows per descale (None: one per batch and head). v_block must be
         a multiple of the kernel's BLOCK_N (64 or 128 on a GPU, 16 under the interpreter).
     out_dtype : bfloat16 (default), float16 or float32.
