@@ -3,9 +3,15 @@ import argparse
 from ..results import RESULTS_DIR
 from . import EXPERIMENTS, require_gpu, run
 
-parser = argparse.ArgumentParser(prog="python -m flashlab.experiments", description="GPU experiments of chapters 5-9")
-parser.add_argument("names", nargs="+", choices=sorted(EXPERIMENTS), help="experiments to run, in order")
-parser.add_argument("--out", default=str(RESULTS_DIR), help="results folder")
-args = parser.parse_args()
-require_gpu()
-run(args.names, args.out)
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m flashlab.experiments", description="GPU experiments of chapters 5-9")
+    parser.add_argument("names", nargs="+", choices=sorted(EXPERIMENTS), help="experiments to run, in order")
+    parser.add_argument("--out", default=str(RESULTS_DIR), help="results folder")
+    args = parser.parse_args()
+    require_gpu()
+    run(args.names, args.out)
+
+
+if __name__ == "__main__":  # guarded: precompile's spawned workers import this module again
+    main()
