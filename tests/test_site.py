@@ -1,9 +1,10 @@
 """The book's website: every chapter is a numbered page, search and prev/next work,
-nothing is loaded from the network, and the online-softmax equations are typeset.
+nothing is loaded from the network, and every equation is typeset.
 
-The site is built once for the module (about 10 s). The math check opens the online-
-softmax chapter in headless Chromium with DNS switched off, so MathJax can only come
-from the local copy, and counts the equations MathJax produced.
+The site is built once for the module (about 10 s). The math check opens each page that
+has equations (every notebook and every page of book/) in headless Chromium with DNS
+switched off, so MathJax can only come from the local copy, and checks that MathJax
+typeset every equation without a TeX error. One Chromium run takes a few seconds.
 """
 
 from __future__ import annotations
@@ -210,28 +211,120 @@ def _chromium() -> str:
     return found
 
 
-@pytest.mark.slow
-def test_online_softmax_equations_are_typeset_offline(site, tmp_path):
-    target = page(site, MATH_CHAPTER)
-    assert target.is_file(), f"notebooks/{MATH_CHAPTER}.ipynb was not rendered (does it exist?)"
-    static = parse(target.read_text(encoding="utf-8"))
-    equations = sum(
-        1 for tag, a in static.tags
+def count_equations(html: str) -> int:
+    """Number of equations Sphinx wrote on a page: the elements of class "math" (MathJax must typeset each)."""
+    return sum(
+        1 for tag, a in parse(html).tags
         if tag in ("span", "div") and "math" in a.get("class", "").split()
     )
-    assert equations >= 10, f"expected many equations in {MATH_CHAPTER}; the page has {equations}"
 
+
+RAW_DELIMITERS = ("$$", "\\[", "\\(")
+_TEX_SOURCE = re.compile(r'<script type="math/tex[^"]*" id="MathJax-Element-(\d+)">(.*?)</script>', re.S)
+_UNDEFINED = re.compile(r'<mtext mathcolor="red">(\\[^<]*)</mtext>')  # how noUndefined shows an unknown \command
+
+
+def raw_math_left(text: str) -> list[str]:
+    """Each raw TeX delimiter in a page's visible text, with a little of the text around it."""
+    found = []
+    for raw in RAW_DELIMITERS:
+        at = text.find(raw)
+        if at >= 0:
+            context = " ".join(text[max(0, at - 40):at + 60].split())
+            found.append(f"untypeset math ({raw}) is left in the text: ...{context}...")
+    return found
+
+
+def math_problems(path: Path, profile: Path) -> list[str]:
+    """Open an HTML page in offline headless Chromium and list what is wrong with its equations.
+
+    An empty list means MathJax typeset every equation of the page (at least one MathJax
+    frame per element of class "math"), reported no TeX error, and left no raw $$, \\[ or
+    \\( in the visible text. Each TeX error names the equation's source. `profile` is a
+    fresh folder for Chromium's user data.
+    """
+    equations = count_equations(path.read_text(encoding="utf-8"))
     result = subprocess.run(
-        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-         "--dump-dom", target.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", path.as_uri()],
+        capture_output=True, text=True, timeout=180,
     )
     dom = result.stdout
-    assert "</html>" in dom, f"Chromium printed no page (exit {result.returncode}): {result.stderr[-2000:]}"
+    if "</html>" not in dom:
+        return [f"Chromium printed no page (exit {result.returncode}): {result.stderr[-2000:]}"]
 
-    typeset = len(re.findall(r'id="MathJax-Element-\d+-Frame"', dom))
-    assert typeset >= equations, f"MathJax typeset {typeset} of {equations} equations"
-    assert 'class="merror"' not in dom and 'class="noError"' not in dom, "MathJax reported a TeX error"
-    text = "".join(parse(dom).text)
-    for raw in ("$$", "\\[", "\\("):
-        assert raw not in text, f"untypeset math ({raw!r}) is left on the page"
+    parsed = parse(dom)
+    problems = []
+    # MathJax 2 replaces each equation by <span class="MathJax" id="MathJax-Element-N-Frame" data-mathml="...">
+    # followed by <script type="math/tex" id="MathJax-Element-N">TeX source</script>.
+    frames = {
+        m.group(1): a.get("data-mathml", "")
+        for tag, a in parsed.tags
+        if (m := re.fullmatch(r"MathJax-Element-(\d+)-Frame", a.get("id", "")))
+    }
+    if len(frames) < equations:
+        problems.append(f"MathJax typeset {len(frames)} of {equations} equations"
+                        + (" (did the local MathJax load?)" if not frames else ""))
+
+    sources = {n: " ".join(tex.split()) for n, tex in _TEX_SOURCE.findall(dom)}
+    named = 0
+    for n, mathml in frames.items():
+        if "<merror" in mathml:
+            problems.append(f"TeX error in equation {n} of the page: {sources.get(n, '(source not found)')}")
+        elif undefined := _UNDEFINED.findall(mathml):
+            problems.append(f"undefined control sequence {', '.join(undefined)} in equation {n} of the page: "
+                            f"{sources.get(n, '(source not found)')}")
+        else:
+            continue
+        named += 1
+    # the error marks themselves, in case an erroring equation carries no data-mathml
+    marks = sum(1 for _, a in parsed.tags if {"merror", "noError"} & set(a.get("class", "").split()))
+    if marks > named:
+        problems.append(f"MathJax marked {marks} TeX errors on the page (class merror or noError)")
+
+    problems += raw_math_left("".join(parsed.text))
+    return problems
+
+
+# every page of the site: the chapters, then the prose pages of book/ (site paths without ".html")
+PAGES = [f"notebooks/{nb.stem}" for nb in NOTEBOOKS] + sorted(p.stem for p in (REPO / "book").glob("*.md"))
+MATH_CHAPTERS = ("02", "03", "04", "05", "06", "07")  # chapters that are built on equations
+
+
+def _source(name: str) -> str:
+    return f"{name}.ipynb" if name.startswith("notebooks/") else f"book/{name}.md"
+
+
+@pytest.mark.slow
+def test_the_math_check_covers_every_page(site):
+    """PAGES lists every page of the site, and the chapters built on equations do have equations
+    (so the Chromium check cannot pass by finding no math)."""
+    counts = {}
+    for prefix in MATH_CHAPTERS:
+        nb = next((nb for nb in NOTEBOOKS if nb.stem.startswith(f"{prefix}_")), None)
+        assert nb, f"no notebook for chapter {prefix} in notebooks/"
+        path = page(site, nb.stem)
+        counts[nb.stem] = count_equations(path.read_text(encoding="utf-8")) if path.is_file() else 0
+    assert all(counts.values()), f"chapters without a single equation on the site: {counts}"
+    assert counts.get(MATH_CHAPTER, 0) >= 10, f"expected many equations in {MATH_CHAPTER}; the page has {counts.get(MATH_CHAPTER)}"
+
+    skip = {"index.html", "genindex.html", "search.html"}  # the redirect and Sphinx's generated pages
+    built = {p.relative_to(site).with_suffix("").as_posix() for p in site.rglob("*.html")
+             if "_static" not in p.relative_to(site).parts and p.name not in skip}
+    missed = sorted(built - set(PAGES))
+    assert not missed, f"pages on the site that the math check does not open: {missed}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PAGES)
+def test_equations_are_typeset_offline(site, tmp_path, name):
+    """MathJax, loaded from the site's own copy with the network switched off, typesets every
+    equation of the page without a TeX error. Pages without math only get the raw-TeX check."""
+    path = site / f"{name}.html"
+    assert path.is_file(), f"{_source(name)} was not rendered to {name}.html (is it listed in book/_toc.yml?)"
+    html = path.read_text(encoding="utf-8")
+    if count_equations(html):
+        problems = math_problems(path, tmp_path / "profile")
+    else:  # no element of class "math": MathJax ignores the page, so no TeX may be left in its text
+        problems = raw_math_left("".join(parse(html).text))
+    shown = problems[:30] + ([f"... and {len(problems) - 30} more"] if len(problems) > 30 else [])
+    assert not problems, f"{name}.html (from {_source(name)}):\n  " + "\n  ".join(shown)
