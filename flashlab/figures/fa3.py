@@ -83,7 +83,7 @@ def fp8_incoherent(seeds: tuple[int, ...] = (0, 1, 2), n: int = 1024, d: int = 1
     rotated = fp8.random_orthogonal(d, seeds[0])(row)
     left.stem(row, linefmt=COLOURS[1], markerfmt="o", basefmt=" ", label=f"before: amax {np.abs(row).max():.1f}")
     left.stem(rotated, linefmt=COLOURS[0], markerfmt=".", basefmt=" ",
-              label=f"after D·H: amax {np.abs(rotated).max():.1f}")
+              label=f"after rotation R: amax {np.abs(rotated).max():.1f}")
     left.set_xlabel("coordinate of the head dimension")
     left.set_title("one row of K with an outlier, before and after rotation", loc="left", fontsize=10.5)
     left.legend(fontsize=8)

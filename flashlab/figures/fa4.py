@@ -139,15 +139,15 @@ def conditional_rescaling(threshold: float = 8.0, block_size: int = 4) -> Figure
     ax.step(edges, extend(eager.running_max), where="post", color=BLUE, lw=2,
             label=f"running max m (chapter 2): {int(eager.rescaled.sum())} rescales")
     ax.step(edges, extend(lazy.m_ref), where="post", color=VERMILLION, lw=2.5,
-            label=f"reference m_ref, τ = {threshold:g}: {int(lazy.rescaled.sum())} rescale")
+            label=f"reference m_ref, θ = {threshold:g}: {int(lazy.rescaled.sum())} rescale")
     ax.fill_between(edges, extend(lazy.m_ref), extend(lazy.m_ref) + threshold, step="post", color=VERMILLION, alpha=0.08,
-                    label="m_ref + τ: no rescale while the block max stays below")
+                    label="m_ref + θ: no rescale while the block max stays below")
     ax.plot(blocks[eager.rescaled], eager.running_max[eager.rescaled], "v", color=BLUE, ms=8)
     ax.plot(blocks[lazy.rescaled], lazy.m_ref[lazy.rescaled], "*", color=VERMILLION, ms=16)
     ax.set_xlabel("K/V block j")
     ax.set_ylabel("score (log2 units)")
     ax.set_xticks(blocks)
-    ax.set_title("Conditional rescaling: move the reference only when the max outgrows it by more than τ",
+    ax.set_title("Conditional rescaling: move the reference only when the max outgrows it by more than θ",
                  loc="left", fontsize=11)
     ax.legend(frameon=False, loc="upper left", fontsize=9)
     ax.set_ylim(-1.5, 21)
@@ -197,7 +197,7 @@ def variants_h200(stem: str = "fa4_variants_h200", d: int = 128) -> Figure:
                    label=f"{kind}, N = {N}")
             a.plot(tau_x + dx, tau["ms"] / polys[0][1], "*", color=colour, ms=14 if big else 9,
                    alpha=1.0 if big else 0.55)
-    a.set_xticks(fractions + [tau_x], ["0", "1/8", "1/4", "1/2", "τ = 8\n(fraction 0)"])
+    a.set_xticks(fractions + [tau_x], ["0", "1/8", "1/4", "1/2", "θ = 8\n(fraction 0)"])
     a.set_xlabel("share of each P tile's exponentials computed by the cubic (realised)")
     a.set_ylabel("time / time at fraction 0 (same kernel)")
     a.set_title(f"Forward time, d = {d}, bf16: both tricks are slower on Hopper", loc="left", fontsize=10.5)
