@@ -251,6 +251,44 @@ def _impl(name: str, causal: bool) -> Callable:
     raise ValueError(f"impl must be one of {KERNEL_IMPLS}; got {name!r}")
 
 
+def _compile_one(kind: str, d: int, causal: bool, config: tuple) -> None:
+    """Compile one configuration of flashlab's forward (``kind="fwd"``, config a Candidate) or
+    backward (``"bwd"``, config = (dK/dV, dQ) Candidates) by running it once on a small input
+    whose integer arguments specialise like the suite's (multiples of 16, H = 2048 / d)."""
+    from .kernels.backward import backward
+    from .kernels.forward import forward
+
+    q, k, v, do = (torch.randn(1, HEAD_SIZE_TOTAL // d, 256, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    with torch.no_grad():
+        if kind == "fwd":
+            forward(q, k, v, causal, d**-0.5, config)
+        else:
+            o, lse2 = forward(q, k, v, causal, d**-0.5)
+            backward(do, q, k, v, o, lse2, causal, d**-0.5, config)
+
+
+def precompile_kernels(ds: tuple[int, ...], causals: tuple[bool, ...] = (False, True), passes=("fwd", "fwdbwd")) -> None:
+    """Compile every autotuning candidate of flashlab's kernels for these head dimensions and
+    masks in parallel worker processes (:func:`flashlab.experiments.precompile`), so that the
+    suite's autotuner, which tries the candidates one after another, finds them in Triton's
+    cache instead of compiling each in turn."""
+    from .experiments import precompile
+    from .kernels import backward as kb
+    from .kernels import forward as kf
+
+    calls = []
+    for d in ds:
+        wide = d > 128
+        fwd = kf.WIDE_CANDIDATES if wide else kf.CANDIDATES
+        dkdv = kb.DKDV_WIDE_CANDIDATES if wide else kb.DKDV_CANDIDATES
+        dq = kb.DQ_WIDE_CANDIDATES if wide else kb.DQ_CANDIDATES
+        for causal in causals:
+            calls += [("flashlab.bench:_compile_one", ("fwd", d, causal, c)) for c in fwd]
+            if "fwdbwd" in passes:  # pairs, so each worker compiles one dK/dV and one dQ configuration
+                calls += [("flashlab.bench:_compile_one", ("bwd", d, causal, pair)) for pair in zip(dkdv, dq)]
+    precompile(calls)
+
+
 def kernel_suite(
     ns: list[int],
     ds: tuple[int, ...] = (64, 128),
@@ -260,6 +298,7 @@ def kernel_suite(
     dtype: torch.dtype = torch.bfloat16,
     tokens: int = TOKENS,
     causals: tuple[bool, ...] = (False, True),
+    passes: tuple[str, ...] = ("fwd", "fwdbwd"),
     progress: bool = True,
 ) -> list[dict[str, object]]:
     """flashlab's kernels beside torch SDPA (flash, cuDNN) and naive PyTorch, in one process.
@@ -272,7 +311,7 @@ def kernel_suite(
         B, H = max(1, tokens // n), max(1, HEAD_SIZE_TOTAL // d)
         fwd_flops = attention_flops(n, n, d, causal=causal, batch=B * H)
         fn = _impl(impl, causal)
-        for pas in ("fwd", "fwdbwd"):
+        for pas in passes:
             try:
                 q, k, v = _qkv(B, H, n, d, dtype, device, grad=(pas == "fwdbwd"))
                 if pas == "fwd":
@@ -355,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="h200", help="suffix of the chapter-1 result stems")
     parser.add_argument("--ns", type=int, nargs="+", help="sequence lengths (default 512 ... 16384)")
     parser.add_argument("--ds", type=int, nargs="+", default=[64, 128], help="head dimensions of the kernel suite")
+    parser.add_argument("--passes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"],
+                        help="passes of the kernel suite")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -369,7 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     written: list[Path] = []
     if args.suite in ("all", "kernels"):
         impls = KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
-        rows = kernel_suite(ns, tuple(args.ds), impls=impls, device=device, dtype=dtype, tokens=tokens)
+        if device == "cuda" and "flashlab" in impls:
+            precompile_kernels(tuple(args.ds), passes=tuple(args.passes))
+        rows = kernel_suite(ns, tuple(args.ds), impls=impls, device=device, dtype=dtype, tokens=tokens,
+                            passes=tuple(args.passes))
         slug = gpu_slug() if device == "cuda" else "cpu"
         written += results.write("bench", rows, meta, Path(args.out) / slug)
     if args.suite in ("all", "ch01"):

@@ -119,6 +119,31 @@ def test_matches_reference(n_q, H_KV, d, num_splits, page_size, dtype, layout):
 
 
 @runs_somewhere
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_fused_combine_matches_separate_combine_and_resets_its_counters(page_size):
+    """The combine inside the split kernel (the last program of a tile merges every split) gives
+    the separate combine kernel's answer, leaves its arrival counters at 0, and so gives the same
+    bits when called again. 5 splits over 18 key blocks; sequence 0 has a single key, so most of
+    its splits are empty (lse_s = -inf) and must still be counted in."""
+    from flashlab.kernels import decoding
+
+    B, H, H_KV, n_q, d = 3, 8, 2, 2, 32
+    g = torch.Generator().manual_seed(7)
+    q, k, v, k_pool, v_pool, block_table = make_inputs(B, H, H_KV, n_q, d, SEQLENS, page_size, g)
+    k_in, v_in = (k, v) if page_size is None else (k_pool, v_pool)
+    args = [t.to(DEVICE) for t in (q, k_in, v_in)] + [torch.tensor(SEQLENS, dtype=torch.int32, device=DEVICE)]
+    kw = dict(num_splits=5, block_table=None if block_table is None else block_table.to(DEVICE),
+              page_size=page_size, return_lse=True)
+    o_sep, lse_sep = flash_decode(*args, **kw, fuse_combine=False)
+    o_fused, lse_fused = flash_decode(*args, **kw)
+    torch.testing.assert_close(o_fused, o_sep, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lse_fused, lse_sep, rtol=1e-6, atol=1e-6)
+    assert all(int(buf.abs().sum()) == 0 for buf in decoding._LOCKS.values())  # every counter back at 0
+    o_again, _ = flash_decode(*args, **kw)
+    assert torch.equal(o_again, o_fused)
+
+
+@runs_somewhere
 def test_combine_matches_numpy_logsumexp():
     """lse = log2 sum_s 2^{lse_s} and o = sum_s 2^{lse_s - lse} o_s, with empty chunks (lse_s = -inf)
     contributing nothing and a row whose chunks are all empty giving o = 0, lse = -inf."""

@@ -134,6 +134,37 @@ def test_matches_dequantised_reference(n_q, n_k, d, causal, blocks):
 
 @runs_somewhere
 @needs_fp8
+@pytest.mark.parametrize("n_q, n_k, causal, blocks", [(48, 80, True, (16, 32, 32)), (64, 64, False, (None, 24, None)),
+                                                      (80, 48, True, (32, 16, 16))])
+def test_tma_loads_match_pointer_loads(n_q, n_k, causal, blocks):
+    """K and V through tensor descriptors (the default where eligible) give the pointer path's
+    answer bit for bit: K rows past N_k (the next head's) are masked, V's columns there read 0."""
+    n_q, n_k = n_q * SIZE, n_k * SIZE
+    blocks = tuple(None if b is None else b * SIZE for b in blocks)
+    q, k, v = _randn(1, 2, n_q, 32, seed=4), _randn(1, 2, n_k, 32, seed=5), _randn(1, 2, n_k, 32, seed=6)
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_fp8(t, b) for t, b in zip((q, k, v), blocks))
+    v8 = v8.transpose(-2, -1).contiguous().transpose(-2, -1)
+    assert kfp8.fp8_tma_eligible(k8, v8)
+    args = (q8, k8, v8, causal, None, qd, kd, vd)
+    kw = {"q_block": blocks[0], "k_block": blocks[1], "v_block": blocks[2]}
+    o_tma = flash_attention_fp8(*args, **kw, tma=True)
+    o_ptr = flash_attention_fp8(*args, **kw, tma=False)
+    assert torch.equal(o_tma, o_ptr)
+
+
+def test_tma_eligibility():
+    k = torch.zeros(1, 2, 64, 32, dtype=kfp8.FP8_DTYPE)
+    v_keys = k.transpose(-2, -1).contiguous().transpose(-2, -1)
+    on_hopper = INTERPRET or GPU and torch.cuda.get_device_capability()[0] >= 9
+    assert kfp8.fp8_tma_eligible(k, v_keys) == on_hopper
+    assert not kfp8.fp8_tma_eligible(k, k)  # V (N, d) row-major: keys not contiguous
+    assert not kfp8.fp8_tma_eligible(k[:, :, :40], v_keys[:, :, :40])  # N = 40: V rows not 16-byte aligned
+    k16 = torch.zeros(1, 2, 64, 16, dtype=kfp8.FP8_DTYPE)
+    assert not kfp8.fp8_tma_eligible(k16, k16.transpose(-2, -1).contiguous().transpose(-2, -1))  # d < 32
+
+
+@runs_somewhere
+@needs_fp8
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_out_dtype_and_plain_v_layout(out_dtype):
     """V stored (N, d) row-major (not keys-contiguous) gives the same answer, in any output dtype."""

@@ -125,15 +125,17 @@ def run(out: Path) -> list[Path]:
     return paths
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) tried by :func:`tiles`; the first is the kernel's default.
-TILE_CONFIGS = [(128, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 3), (128, 64, 4, 3),
-                (128, 256, 8, 2), (128, 256, 8, 3), (256, 128, 8, 2)]
-TILE_NS = (4096, 16384)
+# (BLOCK_M, BLOCK_N, warps, stages) tried by :func:`tiles`, each with pointer and TMA loads.
+TILE_CONFIGS = [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 4),
+                (128, 256, 8, 2)]
+TILE_NS = (4096, 8192, 16384)
 
 
-def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, timed: bool = False) -> dict[str, object]:
-    """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration
-    and descale blocks of ``block`` rows; timed if asked. ``config=None``: flashlab's bf16 forward."""
+def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tma: bool = False,
+               timed: bool = False) -> dict[str, object]:
+    """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
+    descale blocks of ``block`` rows and K/V loads through TMA or pointers; timed if asked.
+    ``config=None``: flashlab's bf16 forward as users get it (autotuned, its default loads)."""
     from ..kernels import flash_attention
     from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
 
@@ -143,12 +145,13 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tim
     q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
     if config is None:
         fn = lambda: flash_attention(q, k, v)  # noqa: E731
-        row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "", "block": ""}
+        row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "", "block": "",
+               "tma": ""}
     else:
         pre = quantize_qkv(q, k, v, block=block)
-        fn = lambda: flash_attention_fp8(**pre, config=config)  # noqa: E731
+        fn = lambda: flash_attention_fp8(**pre, config=config, tma=tma)  # noqa: E731
         row = {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-               "warps": config[2], "stages": config[3], "block": block}
+               "warps": config[2], "stages": config[3], "block": block, "tma": tma}
     row.update(d=d, N=n, B=B, H=H)
     try:
         with torch.no_grad():
@@ -167,13 +170,14 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tim
 
 
 def tiles(out: Path) -> list[Path]:
-    """The FP8 kernel's speed across tile configurations (TILE_CONFIGS) and descale blocks of
-    128 or 256 rows, beside flashlab's autotuned bf16 forward in the same process: which
-    lever moves FP8 toward 1.5x bf16. Configurations are compiled in parallel first."""
+    """The FP8 kernel's speed across tile configurations (TILE_CONFIGS) with pointer and TMA
+    loads, descale blocks of 128 rows (256 where BLOCK_N = 256), beside flashlab's autotuned
+    bf16 forward in the same process: which lever moves FP8 toward 1.5x bf16. Configurations
+    are compiled in parallel first."""
     require_gpu()
     from . import precompile
 
-    cases = [(c, b, n) for n in TILE_NS for c in TILE_CONFIGS for b in (128, 256) if b % c[1] == 0]
+    cases = [(c, max(128, c[1]), n, tma) for n in TILE_NS for c in TILE_CONFIGS for tma in (False, True)]
     precompile([("flashlab.experiments.fp8:_tile_case", case) for case in cases if case[2] == TILE_NS[0]])
     rows = []
     for n in TILE_NS:

@@ -359,6 +359,7 @@ def decode(out: Path) -> list[Path]:
         impls = {
             "flashlab_decode_unsplit": lambda: flash_decode(q, kc, vc, seqlens, num_splits=1, validate=False),
             "flashlab_decode_split": lambda: flash_decode(q, kc, vc, seqlens, validate=False),
+            "flashlab_decode_split_separate": lambda: flash_decode(q, kc, vc, seqlens, validate=False, fuse_combine=False),
             "flashlab_fwd": lambda: flash_attention(q, kc, vc, causal=True),
             "sdpa_flash": lambda: fused_attention_torch(q, kc, vc, False, "flash"),
             "sdpa_cudnn": lambda: fused_attention_torch(q, kc, vc, False, "cudnn"),

@@ -12,13 +12,23 @@ FlashAttention-2 grid (query blocks x heads) would be B·H tiny programs on a GP
                     result normalised over its own chunk:
                         o_s   = softmax(S[:, C_s]) V[C_s]                   (float32)
                         lse_s = log2 sum_{j in C_s} 2^{S_j}                  (log2 units; -inf if C_s sees no key)
-    combine kernel  one program per output row:
+    combine         for each output row:
                         lse = log2 sum_s 2^{lse_s}                                            (eq. C1)
                         o   = sum_s 2^{lse_s - lse} o_s                                         (eq. C2)
                     exact, not an approximation: 2^{lse_s - lse} is the share of the softmax
                     mass that lies in chunk s. Chunks with lse_s = -inf contribute 0.
 
 With one split the split kernel writes the final output itself and the combine is skipped.
+
+Where the combine runs. By default (``fuse_combine=True``) inside the split kernel: after
+writing its partial, each program counts itself in with an atomic add on a counter per
+tile of rows, and the program that arrives last (it reads NUM_SPLITS - 1) merges every
+split's partial for those rows and resets the counter to 0 for the next call. The atomic
+has acquire-release order, so all partials are visible to the last program. One launch
+instead of two: on the H200 a Triton launch costs the host ~40 us, as long as the GPU
+needs to stream a 64k-token cache of 8 heads, so at small shapes the launches set the
+time (chapter 9). ``fuse_combine=False`` launches the separate combine kernel below (one
+program per output row), which :func:`combine_splits` also exposes.
 
 GQA packs a head group into one tile. The GROUP = H / H_kv query heads that share a K/V
 head (Ainslie et al. 2023) read the same keys, so one program takes all of them: the
@@ -105,16 +115,17 @@ def _attend_chunk(
 
 @triton.jit
 def _split_kernel(
-    Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
+    Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART, O, LSE, LOCKS,  # O, LSE, LOCKS: fused combine only
     stride_qb, stride_qh, stride_qi, stride_qd,
     stride_k0, stride_kh, stride_kn, stride_kd,  # contiguous: (b, h_kv, n, d); paged: (page, h_kv, slot, d)
     stride_v0, stride_vh, stride_vn, stride_vd,
     stride_bt,
     stride_ob, stride_oh, stride_os, stride_oi, stride_od,  # O_PART (B, H, splits, n_q, d)
     stride_lb, stride_lh, stride_ls, stride_li,  # LSE_PART (B, H, splits, n_q)
+    stride_fb, stride_fh, stride_fi, stride_fd,  # O (B, H, n_q, d); LSE is (B, H, n_q) contiguous
     H_KV, GROUP, N_Q, NUM_SPLITS, qk_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, FUSE: tl.constexpr,
 ):
     split = tl.program_id(0)
     off_bkv = tl.program_id(1)
@@ -175,6 +186,37 @@ def _split_kernel(
     o_ptrs = (O_PART + off_b * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
               + offs_i[:, None] * stride_oi + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, acc.to(O_PART.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+    if FUSE:  # the last split of this tile to finish merges all of them (module docstring)
+        tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+        lock = LOCKS + off_bkv * tl.num_programs(2) + tl.program_id(2)
+        arrived = tl.atomic_add(lock, 1, sem="acq_rel")  # release our partial, acquire the others'
+        if arrived == NUM_SPLITS - 1:
+            tl.atomic_xchg(lock, 0)  # reset: the next call starts from 0
+            lse_rows = LSE_PART + off_b * stride_lb + offs_h * stride_lh + offs_i * stride_li  # (BLOCK_M,)
+            # (C1) lse = log2 sum_s 2^{lse_s}, as an online maximum and sum over the splits
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            total = tl.zeros([BLOCK_M], tl.float32)
+            for s in range(0, NUM_SPLITS):
+                lse_s = tl.load(lse_rows + s * stride_ls, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                m_new = tl.maximum(m, lse_s)
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split has seen a key yet: no NaN
+                total = total * tl.math.exp2(m - m_ref) + tl.math.exp2(lse_s - m_ref)
+                m = m_new
+            seen = total > 0
+            lse = tl.where(seen, m + tl.math.log2(tl.where(seen, total, 1.0)), float("-inf"))
+            lse_ref = tl.where(seen, lse, 0.0)
+            # (C2) o = sum_s 2^{lse_s - lse} o_s
+            out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            o_rows = O_PART + off_b * stride_ob + offs_h[:, None] * stride_oh + offs_i[:, None] * stride_oi + offs_d[None, :] * stride_od
+            for s in range(0, NUM_SPLITS):
+                weight = tl.math.exp2(tl.load(lse_rows + s * stride_ls, mask=row_ok, other=float("-inf"),
+                                              cache_modifier=".cg") - lse_ref)
+                o_s = tl.load(o_rows + s * stride_os, mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+                out += weight[:, None] * o_s
+            tl.store(LSE + (off_b * H_KV * GROUP + offs_h) * N_Q + offs_i, lse, mask=row_ok)
+            f_ptrs = O + off_b * stride_fb + offs_h[:, None] * stride_fh + offs_i[:, None] * stride_fi + offs_d[None, :] * stride_fd
+            tl.store(f_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 # --------------------------------------------------------------------------- combine kernel
@@ -312,6 +354,23 @@ def _num_splits(programs: int, key_blocks: int, num_sms: int) -> int:
     return min(s for s in candidates if eff[s] >= 0.85 * best)
 
 
+_LOCKS: dict[tuple, torch.Tensor] = {}
+
+
+def _locks(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 buffer of at least ``n`` arrival counters for the fused combine, one per
+    (device, stream), kept between calls: each call leaves it zeroed again (the last program
+    of every tile resets its counter), so no per-call memset is needed. Per stream, because two
+    calls running at once on different streams must not count into the same counters."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _LOCKS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
+        _LOCKS[key] = buf
+    return buf
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -391,6 +450,7 @@ def flash_decode(
     page_size: int | None = None,
     return_lse: bool = False,
     validate: bool = True,
+    fuse_combine: bool = True,
 ):
     """Attention of a few new tokens to a KV cache, by Flash-Decoding (split-KV + combine).
 
@@ -412,6 +472,8 @@ def flash_decode(
         per call on an H200, as long as the kernels at B = 4, H = 32, a 32k cache. A decoding
         loop (or a CUDA graph) that guarantees them passes False; shapes, dtypes and devices
         are always checked.
+    fuse_combine : merge the splits inside the split kernel (one launch; default) or in a
+        separate combine kernel (two launches), see the module docstring.
 
     Returns
     -------
@@ -431,24 +493,26 @@ def flash_decode(
 
     o = torch.empty((B, H, N_Q, D), device=q.device, dtype=q.dtype)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    fuse = num_splits > 1 and bool(fuse_combine)
     if num_splits == 1:  # the single chunk's partial is the answer: write it straight to o (split stride 0)
         o_parts, lse2_parts = o.unsqueeze(2), lse2.unsqueeze(2)  # (B, H, 1, n_q, d), (B, H, 1, n_q)
     else:
         o_parts = torch.empty((B, H, num_splits, N_Q, D), device=q.device, dtype=torch.float32)
         lse2_parts = torch.empty((B, H, num_splits, N_Q), device=q.device, dtype=torch.float32)
+    locks = _locks(q.device, B * H_KV * row_blocks) if fuse else lse2  # unused placeholder unless fused
     # Strides of dim 1 of the paged pool (page_size) and dim 2 (H_kv) swap roles with the contiguous cache.
     k_strides = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1), k_cache.stride(3)) if paged else k_cache.stride()
     v_strides = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3)) if paged else v_cache.stride()
     _split_kernel[(num_splits, B * H_KV, row_blocks)](
-        q, k_cache, v_cache, cache_seqlens, block_table, o_parts, lse2_parts,
+        q, k_cache, v_cache, cache_seqlens, block_table, o_parts, lse2_parts, o, lse2, locks,
         *q.stride(), *k_strides, *v_strides, block_table.stride(0) if paged else 0,
-        *o_parts.stride(), *lse2_parts.stride(),
+        *o_parts.stride(), *lse2_parts.stride(), *o.stride(),
         H_KV, group, N_Q, num_splits, scale * LOG2E,  # scale * log2(e): exp -> exp2
         D_HEAD=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        PAGED=paged, PAGE_SIZE=page_size if paged else 1, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32,
+        PAGED=paged, PAGE_SIZE=page_size if paged else 1, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32, FUSE=fuse,
         num_warps=warps, num_stages=stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fuse:
         _combine_into(o_parts, lse2_parts, o, lse2)
     if return_lse:
         return o, lse2 * LN2  # log2 units -> natural log

@@ -42,8 +42,14 @@ lent H200 (triton 3.6; B=4, H=16, N=4096, d=128, non-causal) 0.82 ms (673 TFLOP/
 keys-contiguous V against 2.02 ms (272 TFLOP/s) with d-contiguous V.
 
 Incoherent processing (非相干处理, §3.3): :func:`rotate` multiplies Q and K by the same
-random orthogonal M = D H / sqrt(d) (D a random +-1 diagonal, H the Hadamard matrix),
-so (Q M)(K M)^T = Q K^T while an outlier in one coordinate spreads over all d of them.
+random orthogonal R = diag(sigma) H_d / sqrt(d) (sigma random signs, H_d the Hadamard
+matrix), so (Q R)(K R)^T = Q K^T while an outlier in one coordinate spreads over all d of them.
+
+TMA (chapter 6). When the layout allows (:func:`fp8_tma_eligible`: a Hopper GPU, K
+contiguous, V keys-contiguous, d a power of two >= 32, N_k a multiple of 16), K and V
+tiles come through tensor descriptors, as in forward.py: K as rows of the (Z*H*N_k, d)
+view (rows past N_k belong to the next head and are masked out of S), V as columns of the
+(Z*H*d, N_k) view of its keys-contiguous memory (columns past N_k are zero-filled).
 
 Under the interpreter (TRITON_INTERPRET=1) fp8 loads and fp8 ``tl.dot`` are exact, but the
 fp32 -> fp8 cast rounds wrongly when rounding carries into the next binade (7.9 -> 4
@@ -66,6 +72,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 from ._common import (
     INTERPRET,
     LOG2E,
@@ -83,7 +91,7 @@ from ._common import (
 )
 
 __all__ = ["CANDIDATES", "FP8_MAX", "P_SHIFT", "WIDE_CANDIDATES", "dequantize_fp8", "flash_attention_fp8",
-           "flash_attention_fp8_from", "quantize_fp8", "quantize_qkv", "rotate"]
+           "flash_attention_fp8_from", "fp8_tma_eligible", "quantize_fp8", "quantize_qkv", "rotate"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn number, 1.75 x 2^8
@@ -91,9 +99,21 @@ P_SHIFT = 8.0  # P is computed as 2^P_SHIFT exp2(S - m): (0, 256] instead of (0,
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # (BLOCK_M, BLOCK_N, warps, stages) for sm_90; few, so that autotuning compiles little.
-CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3)]
+# The first serves FLASHLAB_AUTOTUNE=0: 128 x 64 with 4 warps was the fastest on the H200
+# (results/fp8_tiles_h200: 725 TFLOP/s at N = 16k against 610 for 128 x 128 with 8 warps).
+CANDIDATES: list[Candidate] = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4), (128, 64, 8, 3)]
 WIDE_CANDIDATES: list[Candidate] = [(128, 64, 8, 2), (64, 64, 4, 2)]  # d = 256
-_CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16})
+
+
+def _descriptor_blocks(nargs: dict) -> None:
+    """Autotune pre-hook: the TMA descriptors' block shapes follow the configuration's BLOCK_N."""
+    if isinstance(nargs["DESC_K"], TensorDescriptor):
+        nargs["DESC_K"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]  # K_j: keys x d
+        nargs["DESC_V"].block_shape = [nargs["BLOCK_D"], nargs["BLOCK_N"]]  # V_j^T: d x keys
+
+
+_CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
+                   pre_hook=_descriptor_blocks)
 _by_width = pruner(WIDE_CANDIDATES)
 
 
@@ -125,10 +145,11 @@ def round_e4m3(x):
 def _attend_fp8(
     acc, l_i, m_i, v_unit, q, row_factor,  # running state; Q8_i; r_i = scale * log2(e) * dq_i (BLOCK_M,)
     k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
+    desc_k, desc_v, k_row0, v_row0,  # TMA: descriptors and this head's first row in each view
     offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SB: tl.constexpr, V_SB: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i, v_unit). MASKED blocks check key bounds
     (and the causal diagonal); unmasked ones are known to be fully visible."""
@@ -139,7 +160,11 @@ def _attend_fp8(
         n = start_n + offs_n  # (BLOCK_N,) key indices
         # K8_j^T (BLOCK_D, BLOCK_N) and V8_j (BLOCK_N, BLOCK_D), kept in fp8 (fp8 loads and dots are exact
         # under the interpreter, so no upcast)
-        k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, False)
+        if TMA:  # whole tiles by the copy engine; S masks K rows past N_K, V's columns there read as 0
+            k = desc_k.load([k_row0 + start_n, 0]).T  # (BLOCK_D, BLOCK_N) = K8_j^T
+            v = desc_v.load([v_row0, start_n]).T  # (BLOCK_N, BLOCK_D) = V8_j, keys contiguous
+        else:
+            k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, False)
         qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
         # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result. When one factor
         # f_i serves a whole row of the tile, S is never formed: max(S) = f_i max(qk) (f_i > 0), and
@@ -182,11 +207,12 @@ def _attend_fp8(
     return acc, l_i, m_i, v_unit
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB"],
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fp8_forward_kernel(
     Q, K, V, O, QD, KD, VD,  # Q, K, V fp8 (Z, H, N, d) any strides; O (Z, H, N_Q, d); descales fp32 (Z, H, nb)
+    DESC_K, DESC_V,  # TMA: descriptors of K as (Z*H*N_K, d) and of V's memory as (Z*H*d, N_K); unused otherwise
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -197,7 +223,7 @@ def _fp8_forward_kernel(
     H, N_Q, N_K, qk_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
-    EMULATE_CAST: tl.constexpr,
+    EMULATE_CAST: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -238,14 +264,16 @@ def _fp8_forward_kernel(
 
     # Which key blocks to visit (_common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
     lo, hi = causal_range_tl(start_m, BLOCK_M, N_Q, N_K, BLOCK_N, CAUSAL)
+    k_row0 = off_zh * N_K  # TMA: row of K_0 in the (Z*H*N_K, d) view
+    v_row0 = off_zh * D_HEAD  # TMA: row of V^T's first dimension in the (Z*H*d, N_K) view
     acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                         k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
-                                        offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST)
+                                        DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA)
     acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                         k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
-                                        offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST)
+                                        DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST, TMA)
 
     # O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels).
     # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0.
@@ -393,6 +421,18 @@ def _descale(name: str, descale, block: int | None, B: int, H: int, N: int, devi
     return descale
 
 
+def fp8_tma_eligible(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the FP8 kernel can read K and V through tensor descriptors: a Hopper-or-newer GPU
+    (or the interpreter, which emulates them), K contiguous (B, H, N, d), V keys-contiguous
+    (the layout :func:`quantize_qkv` returns), d a power of two >= 32 (a tile row is whole
+    16-byte units and never runs into the next head), and N a multiple of 16 (V's rows of N
+    bytes must start 16-byte aligned)."""
+    d, n = k.shape[-1], k.shape[-2]
+    hardware = INTERPRET or (k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9)
+    return (hardware and k.is_contiguous() and v.transpose(-2, -1).is_contiguous()
+            and d >= 32 and d & (d - 1) == 0 and n % 16 == 0)
+
+
 def _check_fp8_device(device: torch.device) -> None:
     check_runnable(device)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
@@ -406,6 +446,7 @@ def flash_attention_fp8(
     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
@@ -423,6 +464,8 @@ def flash_attention_fp8(
         a multiple of the kernel's BLOCK_N (64 or 128 on a GPU, 16 under the interpreter).
     out_dtype : bfloat16 (default), float16 or float32.
     config : (BLOCK_M, BLOCK_N, warps, stages) to bypass autotuning (tests).
+    tma : read K and V through tensor descriptors: None (default) when :func:`fp8_tma_eligible`,
+        True to require it, False for pointer loads.
 
     Returns o (B, H, N_q, d) in ``out_dtype``.
     """
@@ -451,17 +494,28 @@ def flash_attention_fp8(
             tiles = {c[1] for c in (WIDE_CANDIDATES if block_d >= 256 else CANDIDATES)}
         if not any(v_block % bn == 0 for bn in tiles):
             raise ValueError(f"v_block must be a multiple of the kernel's BLOCK_N (one of {sorted(tiles)}); got {v_block}")
+    eligible = fp8_tma_eligible(k, v)
+    if tma and not eligible:
+        raise ValueError("tma=True needs a Hopper GPU, K contiguous, V keys-contiguous (as quantize_qkv returns it), "
+                         f"d a power of two >= 32 and N_k a multiple of 16; got device {k.device}, d = {D}, N_k = {N_K}, "
+                         f"K contiguous {k.is_contiguous()}, V keys-contiguous {v.transpose(-2, -1).is_contiguous()}")
+    use_tma = eligible if tma is None else bool(tma)
     o = torch.empty((B, H, N_Q, D), device=q.device, dtype=out_dtype)
     if B * H * N_Q == 0:
         return o
+    desc_k, desc_v = k, v  # unused placeholders unless TMA
+    if use_tma:  # block shapes follow the configuration (the autotuner's pre-hook sets them per config)
+        bn = config[1] if config is not None else 16
+        desc_k = TensorDescriptor.from_tensor(k.view(-1, D), [bn, block_d])
+        desc_v = TensorDescriptor.from_tensor(v.transpose(-2, -1).view(-1, N_K), [block_d, bn])
     grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), B * H)
     kernel = _fp8_forward_kernel if config is None else _fp8_forward_kernel.fn
     kernel[grid](
-        q, k, v, o, qd, kd, vd,
+        q, k, v, o, qd, kd, vd, desc_k, desc_v,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *qd.stride(), *kd.stride(), *vd.stride(),
         H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
-        Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET,
+        Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma,
         **launch_options(config),
     )
     return o
