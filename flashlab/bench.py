@@ -307,6 +307,14 @@ def kernel_suite(
     An implementation that fails at a shape (e.g. out of memory) is reported and skipped."""
     jobs = [(d, causal, n, impl) for d in ds for causal in causals for n in ns for impl in impls]
     rows: list[dict[str, object]] = []
+    try:
+        _run_jobs(jobs, rows, device, dtype, tokens, passes, progress)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a time limit (see main): keep what was measured
+        print(f"interrupted after {len(rows)} rows; writing those", flush=True)
+    return rows
+
+
+def _run_jobs(jobs, rows, device, dtype, tokens, passes, progress) -> None:
     for i, (d, causal, n, impl) in enumerate(jobs, 1):
         B, H = max(1, tokens // n), max(1, HEAD_SIZE_TOTAL // d)
         fwd_flops = attention_flops(n, n, d, causal=causal, batch=B * H)
@@ -336,7 +344,6 @@ def kernel_suite(
             del q, k, v
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    return rows
 
 
 def ceilings(device: str = "cuda") -> list[dict[str, object]]:
@@ -398,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="passes of the kernel suite")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
+    import signal
+
+    def _interrupt(signum, frame):  # a time limit's SIGTERM ends the suite like Ctrl-C: rows so far are written
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.quick:
         print("make bench needs a CUDA GPU; use --quick to exercise the harness on a CPU", file=sys.stderr)

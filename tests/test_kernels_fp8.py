@@ -153,13 +153,13 @@ def test_tma_loads_match_pointer_loads(n_q, n_k, causal, blocks):
 
 
 def test_tma_eligibility():
-    k = torch.zeros(1, 2, 64, 32, dtype=kfp8.FP8_DTYPE)
+    k = torch.zeros(1, 2, 64, 32, dtype=kfp8.FP8_DTYPE, device=DEVICE)
     v_keys = k.transpose(-2, -1).contiguous().transpose(-2, -1)
     on_hopper = INTERPRET or GPU and torch.cuda.get_device_capability()[0] >= 9
     assert kfp8.fp8_tma_eligible(k, v_keys) == on_hopper
     assert not kfp8.fp8_tma_eligible(k, k)  # V (N, d) row-major: keys not contiguous
     assert not kfp8.fp8_tma_eligible(k[:, :, :40], v_keys[:, :, :40])  # N = 40: V rows not 16-byte aligned
-    k16 = torch.zeros(1, 2, 64, 16, dtype=kfp8.FP8_DTYPE)
+    k16 = torch.zeros(1, 2, 64, 16, dtype=kfp8.FP8_DTYPE, device=DEVICE)
     assert not kfp8.fp8_tma_eligible(k16, k16.transpose(-2, -1).contiguous().transpose(-2, -1))  # d < 32
 
 

@@ -226,11 +226,15 @@ def _forward_kernel(
 
 def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether K and V can be read through 2-D tensor descriptors: a Hopper-or-newer GPU (or
-    Triton's interpreter, which emulates them), contiguous K and V, and a power-of-two head
-    dimension >= 16 (rows of 16-byte multiples, no padded columns)."""
+    Triton's interpreter, which emulates them), 16-bit K and V, contiguous, and a power-of-two
+    head dimension >= 16 (rows of 16-byte multiples, no padded columns). float32, the teaching
+    path, keeps pointer loads: its tiles are twice as large, and on the H200 two of its
+    autotuning candidates with 128-key tiles failed through TMA (tests/test_kernels.py,
+    test_every_autotune_candidate), while its speed is not the point of it."""
     d = k.shape[-1]
     hardware = INTERPRET or (k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9)
-    return hardware and k.is_contiguous() and v.is_contiguous() and d >= 16 and d & (d - 1) == 0
+    return (hardware and k.dtype in (torch.float16, torch.bfloat16) and k.is_contiguous() and v.is_contiguous()
+            and d >= 16 and d & (d - 1) == 0)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -273,8 +277,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     left, right = window_bounds(causal, window, n_q, n_k)
     eligible = cu_seqlens is None and tma_eligible(q, k, v)
     if tma and not eligible:
-        raise ValueError("tma=True needs a Hopper GPU, contiguous K and V, a power-of-two head dimension and no varlen; "
-                         f"got device {k.device}, contiguous {k.is_contiguous() and v.is_contiguous()}, d = {D}")
+        raise ValueError("tma=True needs a Hopper GPU, fp16 or bf16, contiguous K and V, a power-of-two head dimension "
+                         f"and no varlen; got device {k.device}, dtype {k.dtype}, "
+                         f"contiguous {k.is_contiguous() and v.is_contiguous()}, d = {D}")
     use_tma = eligible if tma is None else bool(tma)
     desc_k, desc_v = k, v  # unused placeholders unless TMA
     if use_tma:  # 2-D views (Z * H_kv * N_k, d); the block shape is set per configuration
