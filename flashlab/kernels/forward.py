@@ -44,6 +44,11 @@ from ._common import (
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
                                (128, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4)]
 WIDE_CANDIDATES: list[Candidate] = [(64, 32, 4, 2), (64, 64, 8, 2)]  # d = 256: Q, K, V tiles of 256 columns
+# tma=None uses TMA only from this many keys on. On the H200 (results/nvidia-h200/bench) TMA lifted
+# the d = 128 forward at N >= 1024 (N = 1024: 444 TFLOP/s against 392 with pointer loads) but cut it
+# at N = 512 (214 against 315): each launch encodes two descriptors, and with 4 key tiles per
+# program there is little loop left to gain on.
+TMA_MIN_KEYS = 1024
 
 
 def _descriptor_blocks(nargs: dict) -> None:
@@ -249,8 +254,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     - ``grid`` = "v2" (query blocks x heads) or "v1" (one program per head, chapter 5);
     - ``warp_specialize`` = let Triton split the main loop into producer/consumer warps (chapter 6);
     - ``tma`` = load K and V through tensor descriptors (True: required; None, the default:
-      when :func:`tma_eligible`; False: pointer loads). On the H200 this lifts the d = 128
-      forward from 480 to 553 TFLOP/s (results/pipelining_h200, chapter 6);
+      when :func:`tma_eligible` and N_k >= TMA_MIN_KEYS; False: pointer loads). On the H200
+      this lifts the d = 128 forward from 480 to 553 TFLOP/s (results/pipelining_h200, chapter 6);
     - ``cu_seqlens`` = (cu_q, cu_k, max_seqlen_q, max_seqlen_k) for packed varlen input: then q is
       (1, H, total_q, d) and k, v (1, H_kv, total_k, d) views of (total, heads, d) tensors.
 
@@ -280,7 +285,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         raise ValueError("tma=True needs a Hopper GPU, fp16 or bf16, contiguous K and V, a power-of-two head dimension "
                          f"and no varlen; got device {k.device}, dtype {k.dtype}, "
                          f"contiguous {k.is_contiguous() and v.is_contiguous()}, d = {D}")
-    use_tma = eligible if tma is None else bool(tma)
+    use_tma = (eligible and n_k >= TMA_MIN_KEYS) if tma is None else bool(tma)
     desc_k, desc_v = k, v  # unused placeholders unless TMA
     if use_tma:  # 2-D views (Z * H_kv * N_k, d); the block shape is set per configuration
         bn = config[1] if config is not None else 16
