@@ -48,6 +48,18 @@ class Recorded:
             f"on {m['date']} by `{m['command']}` at commit {commit}."
         )
 
+    @property
+    def short(self) -> str:
+        """The source of the numbers in one short line for a reader, e.g. "measured on an
+        NVIDIA H200 (torch 2.11.0, Triton 3.6.0), 2026-11-29; results/bench_h200". The full
+        record (driver, command, commit, notes) stays in :attr:`provenance`, :attr:`meta` and
+        the JSON file beside the CSV (the reproduction appendix explains how to re-run it)."""
+        m = self.meta
+        torch_version = str(m.get("torch", "?")).split("+")[0]
+        date = re.match(r"\d{4}-\d{2}-\d{2}", str(m.get("date", ""))) or None
+        when = f", {date.group(0)}" if date else ""
+        return f"measured on an {m.get('gpu', 'unknown GPU')} (torch {torch_version}, Triton {m.get('triton', '?')}){when}; results/{self.stem}"
+
     def where(self, **conditions: object) -> list[dict[str, object]]:
         """The rows whose columns equal every given value, e.g. ``where(backend="naive", d=64)``."""
         for key in conditions:

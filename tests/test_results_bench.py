@@ -19,6 +19,8 @@ def test_every_recorded_result_has_provenance():
         for key in results.REQUIRED_META:
             assert rec.meta[key] not in ("", None, "unknown"), f"{stem}.json: {key} is {rec.meta[key]!r}"
         assert rec.meta["gpu"] in rec.provenance
+        assert rec.short.startswith(f"measured on an {rec.meta['gpu']} (torch ") and rec.short.endswith(f"results/{stem}")
+        assert "commit" not in rec.short and "\n" not in rec.short  # one line for readers, no maintainer detail
 
 
 def test_recorded_h200_run_is_self_consistent():
