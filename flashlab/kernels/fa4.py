@@ -44,24 +44,24 @@ skipping with the same [0, lo) unmasked / [lo, hi) masked ranges). Two things ch
    convert_layout. (Faster it is not, there: Hopper's MUFU is not the bottleneck of this kernel.)
 
 2. Conditional rescaling (条件重缩放). A reference max m_ref per row replaces the running max;
-   the tile moves it only when some row's block max exceeds it by more than tau (log2 units):
+   the tile moves it only when some row's block max exceeds it by more than theta (log2 units):
 
        m_new = max(m_ref, rowmax(S_ij))
-       if max_rows(m_new - m_ref) > tau:           one decision per tile (block-uniform branch)
+       if max_rows(m_new - m_ref) > theta:         one decision per tile (block-uniform branch)
            alpha = exp2(m_ref - m_new);  l, O <- alpha l, alpha O;  m_ref <- m_new
-       P_ij = exp2(S_ij - m_ref)  <= 2^tau         bounded: tau <= 15 keeps fp16's P finite
+       P_ij = exp2(S_ij - m_ref)  <= 2^theta       bounded: theta <= 15 keeps fp16's P finite
        l <- l + rowsum(P_ij);   O <- O + P_ij V_j
        O = O / l                                   exact: l and O carry the same 2^-m_ref
 
-   tau = None is the standard path (forward.py): rescale on every tile.
+   rescale_threshold = None is the standard path (forward.py): rescale on every tile.
 
 return_stats counts rescales per program: tiles whose branch was taken while some row already
 held state (the first tile only initialises m_ref, as flashlab.reference.rescale counts). On
-the standard path the count is of tiles where some row's max rose (= the count at tau = 0);
+the standard path the count is of tiles where some row's max rose (= the count at theta = 0);
 it costs a cross-warp max per tile there, so it is computed only when asked.
 
 Glossary: 多项式 polynomial; 范围约简 range reduction (x = n + f); 条件重缩放 conditional
-rescaling; m_ref = reference max (参考最大值); tau = threshold (阈值); MUFU = multi-function
+rescaling; m_ref = reference max (参考最大值); theta = threshold (阈值); MUFU = multi-function
 unit (特殊函数单元); BLOCK_M = B_r (行块), BLOCK_N = B_c (列块).
 """
 
@@ -94,7 +94,7 @@ __all__ = ["flash_attention_fa4", "fa4_forward", "poly_exp2", "mixed_exp2", "pol
 # The minimax cubic p(f) ~= 2^f on [0, 1] with p(0) = 1 (flashlab.reference.softexp): c0 = 1, c1, c2, c3.
 COEFFICIENTS: tuple[float, float, float, float] = tuple(float(c) for c in fit_coefficients(3))  # type: ignore[assignment]
 _C1, _C2, _C3 = COEFFICIENTS[1:]
-MAX_THRESHOLD = 15.0  # P <= 2^tau must stay below fp16's largest value, 65504 < 2^16
+MAX_THRESHOLD = 15.0  # P <= 2^theta must stay below fp16's largest value, 65504 < 2^16
 
 # (BLOCK_M, BLOCK_N, warps, stages) autotuned when no config is given; the first is the default.
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (64, 64, 4, 4)]
@@ -180,7 +180,7 @@ def mixed_exp2(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POLY_SHIFT: tl.c
 
 # ----------------------------------------------------------------------------- the kernel
 @triton.jit
-def fa4_step(acc, l_i, m_i, count, qk, v, qk_scale, tau,
+def fa4_step(acc, l_i, m_i, count, qk, v, qk_scale, theta,
              MASKED: tl.constexpr, IEEE: tl.constexpr, COND: tl.constexpr, STATS: tl.constexpr,
              POLY_SHIFT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
@@ -190,7 +190,7 @@ def fa4_step(acc, l_i, m_i, count, qk, v, qk_scale, tau,
     if COND or STATS:
         grow = m_new - tl.maximum(m_i, -3.0e38)  # how far each row's max rose; -inf state: huge, no NaN
     if COND:
-        if tl.max(grow, 0) > tau:  # block-uniform: some row exceeds m_ref by more than tau
+        if tl.max(grow, 0) > theta:  # block-uniform: some row exceeds m_ref by more than theta
             count += (tl.max(m_i, 0) > float("-inf")).to(tl.int32)  # the first tile only initialises
             m_to = m_new
             if MASKED:
@@ -225,7 +225,7 @@ def fa4_step(acc, l_i, m_i, count, qk, v, qk_scale, tau,
 def _attend_fa4(
     acc, l_i, m_i, count, q,
     k_ptrs, v_ptrs, stride_kn, stride_vn,
-    offs_m, offs_n, offs_d, lo, hi, qk_scale, tau, N_K, causal_offset,
+    offs_m, offs_n, offs_d, lo, hi, qk_scale, theta, N_K, causal_offset,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     COND: tl.constexpr, STATS: tl.constexpr, POLY_SHIFT: tl.constexpr,
@@ -247,7 +247,7 @@ def _attend_fa4(
             if CAUSAL:
                 visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
             qk = tl.where(visible, qk, float("-inf"))
-        acc, l_i, m_i, count = fa4_step(acc, l_i, m_i, count, qk, v, qk_scale, tau, MASKED, IEEE, COND, STATS,
+        acc, l_i, m_i, count = fa4_step(acc, l_i, m_i, count, qk, v, qk_scale, theta, MASKED, IEEE, COND, STATS,
                                         POLY_SHIFT, BLOCK_M, BLOCK_N, C1, C2, C3)
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
@@ -263,7 +263,7 @@ def _fa4_kernel(
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_od,
-    H, GROUP, N_Q, N_K, qk_scale, tau,
+    H, GROUP, N_Q, N_K, qk_scale, theta,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     COND: tl.constexpr, STATS: tl.constexpr, POLY_SHIFT: tl.constexpr,
     C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
@@ -297,11 +297,11 @@ def _fa4_kernel(
     # Which key blocks to visit (_common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
     lo, hi = causal_range_tl(start_m, BLOCK_M, N_Q, N_K, BLOCK_N, CAUSAL)
     acc, l_i, m_i, count = _attend_fa4(acc, l_i, m_i, count, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                       offs_m, offs_n, offs_d, 0, lo, qk_scale, tau, N_K, causal_offset,
+                                       offs_m, offs_n, offs_d, 0, lo, qk_scale, theta, N_K, causal_offset,
                                        D_HEAD, BLOCK_D, BLOCK_M, BLOCK_N, False, CAUSAL, UPCAST, IEEE,
                                        COND, STATS, POLY_SHIFT, C1, C2, C3)
     acc, l_i, m_i, count = _attend_fa4(acc, l_i, m_i, count, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                       offs_m, offs_n, offs_d, lo, hi, qk_scale, tau, N_K, causal_offset,
+                                       offs_m, offs_n, offs_d, lo, hi, qk_scale, theta, N_K, causal_offset,
                                        D_HEAD, BLOCK_D, BLOCK_M, BLOCK_N, True, CAUSAL, UPCAST, IEEE,
                                        COND, STATS, POLY_SHIFT, C1, C2, C3)
 
@@ -380,7 +380,7 @@ def flash_attention_fa4(
     causal, scale : as :func:`flashlab.kernels.flash_attention` (causal aligned bottom-right)
     poly_fraction : share of each P tile's columns exponentiated by the cubic instead of the
         MUFU; realised as 0 or 1/2^s, s = 0..3 (:func:`realised_poly_fraction`; 0.1 -> 1/8)
-    rescale_threshold : tau in log2 units, 0 <= tau <= 15 (FA4: 8); None rescales every tile
+    rescale_threshold : theta in log2 units, 0 <= theta <= 15 (FA4: 8); None rescales every tile
     return_stats : also return the rescales per program, int32 (B, H, n_query_blocks)
     config : (BLOCK_M, BLOCK_N, warps, stages); None autotunes (one config under the interpreter)
 

@@ -5,26 +5,26 @@ time a block raises m it rescales l and o_tilde by 2^(m_old - m_new). FlashAtten
 (Zadouri et al., 2026, §3.2; seed book §5.4) notices that m only has to be *close to*
 the max: subtracting it exists to stop 2^(s - m) from overflowing. So the state keeps a
 reference max m_ref and moves it only when a block's max exceeds it by more than a
-threshold tau (log2 units; FA4 uses tau = 8, a factor 2^8 = 256):
+threshold theta (log2 units; FA4 uses theta = 8, a factor 2^8 = 256):
 
     m_blk = max_k s_k                                   (block max, log2 units)
-    if m_blk - m_ref > tau:                             (rare)
+    if m_blk - m_ref > theta:                           (rare)
         m_new = max(m_ref, m_blk); alpha = 2^(m_ref - m_new)
         l <- alpha l,  o_tilde <- alpha o_tilde,  m_ref <- m_new      (rescale)
-    p_k = 2^(s_k - m_ref)            <= 2^tau                           (bounded)
+    p_k = 2^(s_k - m_ref)            <= 2^theta                         (bounded)
     l <- l + sum_k p_k,   o_tilde <- o_tilde + sum_k p_k v_k
     o = o_tilde / l                                                     (exact)
 
 Exact for any m_ref: l = 2^(-m_ref) sum_k 2^(s_k) and o_tilde = 2^(-m_ref) sum_k 2^(s_k) v_k
 carry the same factor 2^(-m_ref), which cancels in o_tilde / l. The threshold only
-bounds the intermediates: every p_k <= 2^tau, far from float32 overflow.
+bounds the intermediates: every p_k <= 2^theta, far from float32 overflow.
 
 Counting convention (same as chapter 2's count_rescales): the first block that holds
 a finite score sets m_ref without any rescale (the state was empty); a rescale is a
-later block that moves m_ref. With tau = 0 the count equals the number of times the
+later block that moves m_ref. With theta = 0 the count equals the number of times the
 running max rises.
 
-Glossary: m_ref = reference max (参考最大值); tau = threshold (阈值); alpha = rescale
+Glossary: m_ref = reference max (参考最大值); theta = threshold (阈值); alpha = rescale
 factor (缩放因子); l = running sum (分母); o_tilde = unnormalised output (未归一化输出).
 """
 
@@ -46,12 +46,12 @@ LOG2_E = 1.0 / math.log(2.0)  # log2(e): e^s = 2^(s * log2 e)
 
 def _threshold(threshold: object) -> float:
     try:
-        tau = float(threshold)  # type: ignore[arg-type]
+        theta = float(threshold)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         raise ValueError(f"threshold must be a number >= 0 (log2 units); got {threshold!r}") from exc
-    if math.isnan(tau) or tau < 0:
+    if math.isnan(theta) or theta < 0:
         raise ValueError(f"threshold must be a number >= 0 (log2 units); got {threshold!r}")
-    return tau
+    return theta
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,13 @@ def trace_row(row, threshold: float = 8.0, block_size: int = 1) -> RowTrace:
     Parameters
     ----------
     row : array (N,) of scores in log2 units; -inf marks a masked score
-    threshold : tau >= 0, in log2 units
+    threshold : theta >= 0, in log2 units
     block_size : entries per block (the last block may be shorter)
     """
     row = as_float_array("row", row, np.float64, min_ndim=1, allow_neg_inf=True)
     if row.ndim != 1:
         raise ValueError(f"row must be 1-D (N,); got shape {row.shape}")
-    tau, B = _threshold(threshold), positive_int("block_size", block_size)
+    theta, B = _threshold(threshold), positive_int("block_size", block_size)
     block_max = np.array([np.max(row[j:j + B]) for j in range(0, row.size, B)])  # (T,)
     running_max = np.maximum.accumulate(block_max)  # (T,)
     m_ref = np.empty_like(block_max)
@@ -91,7 +91,7 @@ def trace_row(row, threshold: float = 8.0, block_size: int = 1) -> RowTrace:
     for j, mb in enumerate(block_max):
         if m == -np.inf:
             m = mb  # first finite block sets m_ref: nothing to rescale
-        elif mb - m > tau:
+        elif mb - m > theta:
             m, rescaled[j] = mb, True  # the rule of §5.4
         m_ref[j] = m
     return RowTrace(block_max, running_max, m_ref, rescaled)
@@ -103,7 +103,7 @@ def running_max_changes(row, block_size: int = 1) -> int:
 
 
 def rescales(row, threshold: float = 8.0, block_size: int = 1) -> int:
-    """Number of rescales of a 1-D row under conditional rescaling with threshold tau."""
+    """Number of rescales of a 1-D row under conditional rescaling with threshold theta."""
     return int(np.sum(trace_row(row, threshold, block_size).rescaled))
 
 
@@ -128,7 +128,7 @@ class ConditionalResult:
 def staircase_row(steps: int = 10, rise: float = 1.0, block_size: int = 4, seed: int = 0) -> np.ndarray:
     """A row whose block maxima rise by ``rise`` (log2 units) in each of ``steps`` blocks.
 
-    The running max changes steps - 1 times; with tau = 8 and rise = 1, only the last
+    The running max changes steps - 1 times; with theta = 8 and rise = 1, only the last
     block (max 9 above the first) exceeds the reference by more than 8: one rescale.
     Shape (steps * block_size,); the other entries of each block lie below its max.
     """
@@ -147,13 +147,13 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
     Parameters
     ----------
     q : (..., N_q, d);  k : (..., N_k, d);  v : (..., N_k, d_v)
-    threshold : tau >= 0 in log2 units; m_ref moves only when a block max exceeds it by > tau
+    threshold : theta >= 0 in log2 units; m_ref moves only when a block max exceeds it by > theta
     block_size : B_c, keys per block
     causal, scale : as in :func:`flashlab.reference.attention`
     dtype : floating type of the computation (float64 by default)
     """
     q, k, v = _check_qkv(q, k, v, dtype)
-    tau, Bc = _threshold(threshold), positive_int("block_size", block_size)
+    theta, Bc = _threshold(threshold), positive_int("block_size", block_size)
     N_q, N_k = q.shape[-2], k.shape[-2]
     s2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2_E)  # (..., N_q, N_k) log2 units
     if causal:
@@ -169,14 +169,14 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         m_blk = np.max(s_blk, axis=-1)  # (..., N_q)
         empty = m_ref == -np.inf  # nothing seen yet (or only masked scores)
         m_ref0 = np.where(empty, 0.0, m_ref)  # finite stand-in, so -inf - -inf never occurs
-        move = empty | (m_blk - m_ref0 > tau)  # rows whose reference must move
+        move = empty | (m_blk - m_ref0 > theta)  # rows whose reference must move
         count += move & ~empty  # moving an empty state is not a rescale
         m_new = np.where(move, np.maximum(m_ref, m_blk), m_ref)
         alpha = np.where(empty, 0.0, np.exp2(m_ref0 - np.where(empty, 0.0, m_new)))  # 2^(m_ref - m_new)
         l, o_tilde = alpha * l, alpha[..., None] * o_tilde  # rescale (rows that did not move: alpha = 1)
         m_ref = m_new
         safe = np.where(m_ref == -np.inf, 0.0, m_ref)[..., None]  # all-masked rows: 2^(-inf) = 0
-        p = np.exp2(s_blk - safe)  # (..., N_q, Bc), each <= 2^tau
+        p = np.exp2(s_blk - safe)  # (..., N_q, Bc), each <= 2^theta
         if p.size:
             max_p = max(max_p, float(np.max(p)))
         l = l + np.sum(p, axis=-1)
@@ -192,7 +192,7 @@ def attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: boo
     Parameters
     ----------
     q : (..., N_q, d);  k : (..., N_k, d);  v : (..., N_k, d_v)
-    threshold : tau >= 0 (log2 units); FA4 uses 8
+    threshold : theta >= 0 (log2 units); FA4 uses 8
     block_size : B_c, keys per K/V block
     causal, scale : as in :func:`flashlab.reference.attention`
 
