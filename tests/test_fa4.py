@@ -141,14 +141,14 @@ def test_staircase_row_nine_to_one():
     st.integers(1, 3), st.integers(1, 40), st.integers(1, 40), st.integers(1, 9),
     st.sampled_from([0.0, 1.0, 8.0, 30.0]), st.booleans(), st.integers(0, 2**31 - 1),
 )
-def test_conditional_attention_is_exact(batch, n_q, n_k, block_size, tau, causal, seed):
+def test_conditional_attention_is_exact(batch, n_q, n_k, block_size, theta, causal, seed):
     rng = np.random.default_rng(seed)
     q, k = rng.normal(size=(batch, n_q, 8)), 4 * rng.normal(size=(batch, n_k, 8))
     v = rng.normal(size=(batch, n_k, 5))
-    res = rescale.conditional_attention(q, k, v, tau, block_size, causal)
+    res = rescale.conditional_attention(q, k, v, theta, block_size, causal)
     expected = reference_attention(q, k, v, causal=causal)
     assert np.max(np.abs(res.o - expected)) < TOL
-    assert res.max_p <= 2.0**tau * (1 + 1e-12)  # every intermediate 2^(s - m_ref) <= 2^tau
+    assert res.max_p <= 2.0**theta * (1 + 1e-12)  # every intermediate 2^(s - m_ref) <= 2^theta
     assert res.rescales.shape == (batch, n_q)
 
 

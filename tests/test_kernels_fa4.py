@@ -68,12 +68,12 @@ def _reference(q, k, v, causal, scale=None):
     return torch.from_numpy(reference_attention(q.numpy(), k.numpy(), v.numpy(), causal=causal, scale=scale))
 
 
-def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, poly, tau, scale=None, config=CONFIG, inputs=None, seed=0):
+def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, poly, theta, scale=None, config=CONFIG, inputs=None, seed=0):
     """Kernel output vs the float64 reference under the tolerance rule; returns (error, bound)."""
     q, k, v = inputs if inputs is not None else _inputs(B, H, H_KV, N_Q, N_K, D, seed + N_Q * 1000 + N_K + D)
     ref = _reference(q, k, v, causal, scale)  # float64, CPU
     low = [t.to(dtype).to(DEVICE) for t in (q, k, v)]
-    o = flash_attention_fa4(*low, causal=causal, scale=scale, poly_fraction=poly, rescale_threshold=tau,
+    o = flash_attention_fa4(*low, causal=causal, scale=scale, poly_fraction=poly, rescale_threshold=theta,
                             config=config)
     assert o.dtype == dtype and o.shape == ref.shape
     err = (o.double().cpu() - ref).abs().max().item()
@@ -84,27 +84,27 @@ def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, poly, tau, scale=None, config=
     else:
         base = torch_attention(*low, causal, scale)
         bound = 2 * (base.double().cpu() - ref).abs().max().item() + 1e-5
-    assert err <= bound, f"max error {err:.2e} > bound {bound:.2e} ({N_Q=}, {N_K=}, {D=}, {causal=}, {dtype}, {poly=}, {tau=})"
+    assert err <= bound, f"max error {err:.2e} > bound {bound:.2e} ({N_Q=}, {N_K=}, {D=}, {causal=}, {dtype}, {poly=}, {theta=})"
     return err, bound
 
 
 # --------------------------------------------------------------- outputs against the reference
 @runs_somewhere
-@pytest.mark.parametrize("tau", [None, 8.0])
+@pytest.mark.parametrize("theta", [None, 8.0])
 @pytest.mark.parametrize("poly", [0.0, 0.25, 1.0])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_low_precision_ragged(dtype, causal, poly, tau):
-    check(2, 2, 2, 37 * SIZE, 37 * SIZE, 32, causal, dtype, poly, tau)
+def test_low_precision_ragged(dtype, causal, poly, theta):
+    check(2, 2, 2, 37 * SIZE, 37 * SIZE, 32, causal, dtype, poly, theta)
 
 
 @runs_somewhere
-@pytest.mark.parametrize("tau", [None, 8.0])
+@pytest.mark.parametrize("theta", [None, 8.0])
 @pytest.mark.parametrize("poly", [0.0, 0.1, 0.5, 1.0])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp32_bound_includes_the_cubic(causal, poly, tau):
+def test_fp32_bound_includes_the_cubic(causal, poly, theta):
     """fp32: the hardware path is within 1e-5; the cubic adds at most eps * max|v - o|."""
-    check(1, 2, 2, 45 * SIZE, 45 * SIZE, 16, causal, torch.float32, poly, tau)
+    check(1, 2, 2, 45 * SIZE, 45 * SIZE, 16, causal, torch.float32, poly, theta)
 
 
 @runs_somewhere
@@ -229,42 +229,42 @@ def _staircase_inputs(rise: float, steps: int, rows: int, d: int = 16, seed: int
     return q, k, v
 
 
-def _counts(q, k, v, tau, causal=False, scale=math.log(2.0), dtype=torch.float16):
+def _counts(q, k, v, theta, causal=False, scale=math.log(2.0), dtype=torch.float16):
     low = [t.to(dtype).to(DEVICE) for t in (q, k, v)]
     _, counts = flash_attention_fa4(*low, causal=causal, scale=scale, poly_fraction=0.0,
-                                    rescale_threshold=tau, return_stats=True, config=CONFIG)
+                                    rescale_threshold=theta, return_stats=True, config=CONFIG)
     return counts.cpu()
 
 
 @runs_somewhere
-@pytest.mark.parametrize("rise, tau", [(0.5, 8.0), (10.0, 8.0), (3.0, 8.0), (0.5, 0.0), (3.0, 2.0)])
-def test_rescale_counts_match_the_reference(rise, tau):
+@pytest.mark.parametrize("rise, theta", [(0.5, 8.0), (10.0, 8.0), (3.0, 8.0), (0.5, 0.0), (3.0, 2.0)])
+def test_rescale_counts_match_the_reference(rise, theta):
     """Identical rows: the tile decision equals every row's decision, so the kernel's count per
     program equals the reference's count per row (flashlab.reference.rescale, block_size = BLOCK_N).
-    Slow growth (0.5 per block, 5 blocks: 2.5 < tau = 8) takes no rescale; a rise of 10 > tau per
+    Slow growth (0.5 per block, 5 blocks: 2.5 < theta = 8) takes no rescale; a rise of 10 > theta per
     block takes one per block after the first; 3 per block, one every third block."""
     steps = 6
     q, k, v = _staircase_inputs(rise, steps, rows=2 * CONFIG[0])
-    counts = _counts(q, k, v, tau)
-    _, ref_counts = rescale.attention(q.numpy(), k.numpy(), v.numpy(), threshold=tau, block_size=BLOCK_N,
+    counts = _counts(q, k, v, theta)
+    _, ref_counts = rescale.attention(q.numpy(), k.numpy(), v.numpy(), threshold=theta, block_size=BLOCK_N,
                                       scale=math.log(2.0))
     assert np.all(ref_counts == ref_counts.flat[0])
     expected = int(ref_counts.flat[0])
     assert counts.shape == (1, 1, 2) and torch.all(counts == expected), (counts, expected)
     assert expected == {(0.5, 8.0): 0, (10.0, 8.0): steps - 1, (3.0, 8.0): 1, (0.5, 0.0): steps - 1,
-                        (3.0, 2.0): steps - 1}[(rise, tau)]
+                        (3.0, 2.0): steps - 1}[(rise, theta)]
     # and the output stays exact, rescaled or not (P up to 2^8 before the division)
-    check(1, 1, 1, q.shape[2], k.shape[2], q.shape[3], False, torch.float16, 0.25, tau, scale=math.log(2.0),
+    check(1, 1, 1, q.shape[2], k.shape[2], q.shape[3], False, torch.float16, 0.25, theta, scale=math.log(2.0),
           inputs=(q, k, v))
 
 
 @runs_somewhere
 @pytest.mark.parametrize("causal", [False, True])
 def test_random_inputs_rescale_rarely(causal):
-    """Random scores: after the first tile the max never rises by 8 (0 rescales at tau = 8), but
-    it does rise (tau = 0); the standard path's count (tiles where a max rose) equals tau = 0's."""
+    """Random scores: after the first tile the max never rises by 8 (0 rescales at theta = 8), but
+    it does rise (theta = 0); the standard path's count (tiles where a max rose) equals theta = 0's."""
     q, k, v = _inputs(2, 2, 2, 64 * SIZE, 64 * SIZE, 32, seed=11)
-    at8, at0, standard = (_counts(q, k, v, tau, causal, scale=None) for tau in (8.0, 0.0, None))
+    at8, at0, standard = (_counts(q, k, v, theta, causal, scale=None) for theta in (8.0, 0.0, None))
     assert at8.shape == (2, 2, triton.cdiv(64 * SIZE, CONFIG[0]))
     assert at8.sum() == 0 and at0.sum() > 0
     assert torch.equal(standard, at0)

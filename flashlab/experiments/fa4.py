@@ -16,8 +16,8 @@ tflops, max_abs_err (against torch SDPA on the fp32 inputs), the kernel's hardwa
 count (``ex2.approx`` in its PTX; ``MUFU.EX2`` in its SASS where nvdisasm is there), its
 ``convert_layout`` count (a layout change the tile split might cost), and the rescales per
 program on these random inputs: ``rescales_mean`` (tiles whose accumulators were rescaled:
-every tile after the first on the standard path, the branches taken at tau = 8 on the
-conditional one) and ``rises_mean`` (tiles where some row's max rose, the count at tau = 0).
+every tile after the first on the standard path, the branches taken at theta = 8 on the
+conditional one) and ``rises_mean`` (tiles where some row's max rose, the count at theta = 0).
 Written as ``fa4_variants_<tag>.csv/.json``. About two minutes on an H200, most of it compiles
 and the base kernel's autotuning.
 """
@@ -101,22 +101,22 @@ def run(out: Path) -> list[Path]:
                     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                                            is_causal=causal)
                 tiles = _tiles_per_program(N, cfg[0], cfg[1], causal)
-                # rises per program: the conditional kernel at tau = 0 (tau is a run-time argument: no compile)
+                # rises per program: the conditional kernel at theta = 0 (theta is a run-time argument: no compile)
                 _, rises, _ = fa4_forward(q, k, v, causal, scale, 0.0, 0.0, config=cfg)
                 rises_mean = rises.float().mean().item()
                 shape = {"causal": causal, "d": d, "N": N, "B": B, "H": H}
 
-                def add(variant, poly, tau, fn, o, compiled, rescales_mean):
+                def add(variant, poly, theta, fn, o, compiled, rescales_mean):
                     t = ms(fn)
                     err = (o.float() - ref).abs().max().item()
                     rows.append({"variant": variant, "poly_fraction": poly,
-                                 "poly_realised": realised_poly_fraction(poly), "threshold": tau, **shape,
+                                 "poly_realised": realised_poly_fraction(poly), "threshold": theta, **shape,
                                  "config": "x".join(map(str, cfg)) if variant == "fa4" else _base_config(),
                                  "ms": t, "tflops": flops / t * 1e-9, "max_abs_err": err,
                                  **_compile_facts(compiled), "rescales_mean": rescales_mean,
                                  "rises_mean": rises_mean})
                     r = rows[-1]
-                    print(f"[{time.perf_counter() - t0:6.1f}s] {variant:4s} poly={poly:<4} tau={tau} "
+                    print(f"[{time.perf_counter() - t0:6.1f}s] {variant:4s} poly={poly:<4} theta={theta} "
                           f"causal={causal:d} d={d} N={N}: {t:.3f} ms {r['tflops']:.0f} TFLOP/s err={err:.2e} "
                           f"ex2={r['ex2_ptx']} mufu={r['mufu_ex2_sass']} cvt={r['convert_layouts']} "
                           f"rescales={rescales_mean:.2f} rises={rises_mean:.2f}", flush=True)
