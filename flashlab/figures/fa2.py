@@ -1,6 +1,6 @@
-"""Chapter 5 figures: the warp split inside a program (seed figure 6), SM utilisation
-of the v1 and v2 grids, the two grids measured against the model on an NVIDIA H200,
-and flashlab against its peers on the H200.
+"""Chapter 5 figures: SM utilisation of the v1 and v2 grids (Figure 5.1), the warp
+split inside a program (Figure 5.2), flashlab against its peers on an NVIDIA H200
+(Figure 5.3), and the two grids measured against the model on the H200 (Figure 5.4).
 
 Everything drawn comes from :mod:`flashlab.sim.occupancy`, :mod:`flashlab.hardware`
 and the recorded results under results/ (:mod:`flashlab.results`). Colours are the
@@ -42,7 +42,7 @@ def _matrix(ax, x, y, w, h, label, split=None, n=4, shared=False):
 
 
 def warp_split(warps: int = 4) -> Figure:
-    """Seed figure 6: how the warps of one program divide a tile.
+    """Figure 5.2: how the warps of one program divide a tile.
 
     (a) split-K (v1): each warp takes a slice of K_j and V_j, all share Q_i; each
     produces a partial O for every row, summed through shared memory with barriers.
@@ -101,7 +101,7 @@ def occupancy_waves(N: int = 4096, Br: int = 128, max_bh: int = 300) -> Figure:
             ax.plot(list(bh), u, style, color=colour, lw=1.6,
                     label=f"{part} grid, {gpu.name.split()[0]} ({gpu.sm_count} SMs)")
     ax.axvline(16, color="0.5", lw=0.8, ls=":")
-    ax.text(17, 0.03, "B·H = 16\n(seed's example)", fontsize=8.5, color="0.35")
+    ax.text(17, 0.03, "B·H = 16\n(§5.4's example)", fontsize=8.5, color="0.35")
     ax.set_xlabel("batch × heads (B·H)")
     ax.set_ylabel("SM utilisation (busy SM-time / total)")
     ax.set_ylim(0, 1.05)
@@ -143,7 +143,7 @@ def bench_h200(stem: str = "nvidia-h200/bench", ceiling_stem: str = "ceilings_h2
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncols=4, fontsize=9,
                title="Attention on the H200, flashlab against its peers (solid: non-causal, dashed: causal)",
                title_fontsize=10)
-    fig.text(0.01, -0.01, rec.provenance + "\nCeiling: " + results.load(ceiling_stem).provenance,
+    fig.text(0.01, -0.01, rec.short + "\nceiling: " + results.load(ceiling_stem).short,
              fontsize=7.5, color="0.35", ha="left", va="top", wrap=True)
     return fig
 
