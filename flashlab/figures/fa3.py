@@ -1,15 +1,15 @@
 """Chapter 6 figures: FlashAttention-3's schedules and FP8 incoherent processing.
 
-- :func:`pingpong` (seed figure 7): Gantt charts from :mod:`flashlab.sim.events`, one
+- :func:`pingpong` (Figure 6.1 of the book): Gantt charts from :mod:`flashlab.sim.events`, one
   consumer warpgroup with a producer, then two warpgroups in ping-pong.
 - :func:`schedules_utilisation`: tensor-core utilisation of the five schedules, d = 64, 128, 256.
 - :func:`fp8_incoherent`: a row with an outlier before/after the random Hadamard rotation,
   and the RMSE of FP8 attention per method (:func:`flashlab.reference.fp8.outlier_rmse_experiment`).
 - :func:`pipelining_h200`: flashlab's Triton forward on the H200 across ``num_stages`` (the
-  depth of the K/V ring buffer) with Triton's warp specialisation on and off
-  (``results/pipelining_h200``), failed configurations marked.
+  depth of the K/V ring buffer), pointer loads against TMA loads, and Triton's warp
+  specialisation on and off (``results/pipelining_h200``), failed configurations marked.
 - :func:`fp8_speed_h200`: the FP8 forward against the bf16 one and torch SDPA flash on the
-  H200 (``results/fp8_bench_h200``), d = 128, non-causal and causal.
+  H200 (``results/fp8_bench_h200``, with the later ``results/fp8_tiles_h200``), d = 128.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _gantt(ax, timeline: Timeline, title: str) -> None:
 
 
 def pingpong(n_blocks: int = 4) -> Figure:
-    """Seed figure 7: one consumer (its softmax leaves the tensor core idle) against two
+    """Figure 6.1: one consumer (its softmax leaves the tensor core idle) against two
     consumers in ping-pong (one's softmax hides under the other's GEMMs); H100, 128x128x128."""
     fig, axes = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True, layout="constrained")
     _gantt(axes[0], producer_consumer(Tile(), n_blocks).run(), "producer + one consumer warpgroup")
@@ -107,57 +107,86 @@ def _provenance_footer(fig: Figure, text: str) -> None:
     fig.text(0.01, 0.01, text, fontsize=7, color="0.35", ha="left", va="bottom", wrap=True)
 
 
-def pipelining_h200(stem: str = "pipelining_h200", ceiling_stem: str = "ceilings_h200") -> Figure:
-    """Forward TFLOP/s against ``num_stages`` (K/V tiles in flight; 1 = no software pipelining),
-    one panel per (d, causal) recorded, one colour per (BLOCK_M, BLOCK_N, warps), Triton's
-    warp specialisation off (solid) and on (dashed, open markers). A configuration that did not
-    run is an x at the bottom of the panel with the reason (shared memory, or a compile error);
-    the measured bf16 matmul ceiling is the dashed grey line."""
+def _pipelining_tflops(rec: results.Recorded, **where: object) -> tuple[float | None, bool]:
+    """(TFLOP/s, failed) of the one recorded configuration matching ``where``; (None, False) if not measured."""
+    rows = rec.where(**where)
+    if not rows:
+        return None, False
+    ok = [r["tflops"] for r in rows if r["status"] == "ok"]
+    return (max(ok), False) if ok else (None, True)
+
+
+_LOADS = {  # (tma, warp_specialize) -> label, colour, hatch
+    (False, False): ("pointer loads", COLOURS[0], ""),
+    (False, True): ("pointer loads + WS", COLOURS[0], "///"),
+    (True, False): ("TMA", COLOURS[1], ""),
+    (True, True): ("TMA + WS", COLOURS[1], "///"),
+}
+
+
+def pipelining_h200(stem: str = "pipelining_h200", ceiling_stem: str = "ceilings_h200",
+                    main: tuple[int, int, int, int] = (128, 128, 128, 8), stages: int = 3) -> Figure:
+    """flashlab's bf16 forward on the H200 with three switches: ``num_stages`` (K/V tiles in
+    flight, the ring buffer's k), TMA descriptor loads against pointer loads, and Triton's warp
+    specialisation (WS) off and on.
+
+    Left: the ``main`` configuration (d, BLOCK_M, BLOCK_N, warps), non-causal, TFLOP/s against
+    num_stages, one line per (loads, WS); the grey dashes are the producer/consumer simulator's
+    tensor-core utilisation for k slots times the measured bf16 matmul ceiling (dashed line).
+    Right: every recorded (d, causal, N, tile, warps) at ``stages`` stages, one bar per
+    (loads, WS); a configuration that did not compile is an x on the axis, one not measured is
+    left out."""
     rec = results.load(stem)
     ceiling = results.load(ceiling_stem).where(ceiling="matmul_bf16_8192")[0]["value"] / 1e12
-    panels = sorted({(r["d"], r["causal"]) for r in rec.rows}, key=lambda p: (-p[0], p[1]))
-    blocks = sorted({(r["BLOCK_M"], r["BLOCK_N"], r["warps"]) for r in rec.rows}, reverse=True)
-    colour = dict(zip(blocks, COLOURS))
-    pointer_loads = {"tma": False} if "tma" in rec.rows[0] else {}  # later runs also time TMA loads: not drawn here
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), sharey=True, layout="constrained")
-    for ax, (d, causal) in zip(np.atleast_1d(axes), panels):
-        ax.axhline(ceiling, color="0.4", lw=1.1, ls="--")
-        ax.text(0.8, ceiling + 10, f"measured bf16 matmul {ceiling:.0f}", fontsize=7.5, color="0.3")
-        for i, blk in enumerate(blocks):
-            failed: dict[int, str] = {}
-            for ws, ls, face in ((False, "-", colour[blk]), (True, "--", "white")):
-                rows = sorted(rec.where(d=d, causal=causal, BLOCK_M=blk[0], BLOCK_N=blk[1], warps=blk[2],
-                                        warp_specialize=ws, **pointer_loads), key=lambda r: r["stages"])
-                ok = [(r["stages"], r["tflops"]) for r in rows if r["status"] == "ok"]
-                if ok:
-                    ax.plot(*zip(*ok), ls, color=colour[blk], marker="o", mfc=face, ms=5, lw=1.4,
-                            label=f"{blk[0]}×{blk[1]}, {blk[2]} warps, warp_specialize={ws}")
-                for r in rows:
-                    if r["status"] != "ok":
-                        reason = "out of shared memory" if r["status"].startswith("OutOfResources") else \
-                            "warp_specialize: compile error"
-                        failed.setdefault(r["stages"], reason)
-            y = 22 + 62 * i  # one row of x marks per block configuration, its reason above it
-            for stages, reason in failed.items():
-                ax.plot(stages, y, "x", color=colour[blk], ms=7, mew=2)
-            for reason in dict.fromkeys(failed.values()):
-                first = min(s for s, why in failed.items() if why == reason)
-                ax.text(first - 0.2, y + 14, reason, fontsize=7.5, color=colour[blk], ha="left")
-        ax.set_xticks(sorted({r["stages"] for r in rec.rows}))
-        ax.set_xlim(0.6, 5.6)
-        ax.set_ylim(0, ceiling * 1.1)
-        ax.set_xlabel("num_stages (K/V tiles in flight)")
-        ax.set_title(f"d = {d}, {'causal' if causal else 'non-causal'}, N = {rec.rows[0]['N']}", loc="left",
-                     fontsize=10.5)
+    d, bm, bn, warps = main
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.6, 4.8), layout="constrained", width_ratios=[1, 2.1],
+                                      sharey=True)
+    ks = sorted({r["stages"] for r in rec.where(d=d, causal=False, BLOCK_M=bm, BLOCK_N=bn, warps=warps)})
+    model = [producer_consumer(Tile(), 64, stages=k).run().utilisation() * ceiling for k in ks]
+    left.plot(ks, model, "_", color="0.45", ms=26, mew=2.5, label="simulator: producer/consumer, k slots × ceiling")
+    left.axhline(ceiling, color="0.4", lw=1.1, ls="--")
+    left.text(ks[0] - 0.4, ceiling + 10, f"measured bf16 matmul {ceiling:.0f}", fontsize=7.5, color="0.3")
+    for (tma, ws), (label, colour, _) in _LOADS.items():
+        pts = [(k, t) for k in ks if (t := _pipelining_tflops(rec, d=d, causal=False, BLOCK_M=bm, BLOCK_N=bn,
+                                                             warps=warps, stages=k, tma=tma, warp_specialize=ws)[0])]
+        if pts:
+            left.plot(*zip(*pts), "--" if ws else "-", color=colour, marker="o", ms=5, lw=1.4,
+                      mfc="white" if ws else colour, label=label)
+    left.set_xticks(ks)
+    left.set_xlim(ks[0] - 0.5, ks[-1] + 0.6)
+    left.set_xlabel("num_stages (K/V tiles in flight)")
+    left.set_ylabel("forward TFLOP/s (bf16)")
+    n = rec.where(d=d, causal=False, BLOCK_M=bm, BLOCK_N=bn, warps=warps)[0]["N"]
+    left.set_title(f"d = {d}, N = {n}, {bm}×{bn}, {warps} warps", loc="left", fontsize=10)
+    left.legend(fontsize=7.5, loc="lower right")
+
+    groups = sorted({(r["d"], r["causal"], r["N"], r["BLOCK_M"], r["BLOCK_N"], r["warps"])
+                     for r in rec.where(stages=stages)}, key=lambda g: (-g[0], g[1], -g[5], -g[4]))
+    width = 0.8 / len(_LOADS)
+    for i, (gd, causal, n, gm, gn, gw) in enumerate(groups):
+        for j, ((tma, ws), (label, colour, hatch)) in enumerate(_LOADS.items()):
+            x = i + (j - (len(_LOADS) - 1) / 2) * width
+            t, failed = _pipelining_tflops(rec, d=gd, causal=causal, N=n, BLOCK_M=gm, BLOCK_N=gn, warps=gw,
+                                           stages=stages, tma=tma, warp_specialize=ws)
+            if t is not None:
+                right.bar(x, t, width, color=colour, hatch=hatch, edgecolor="white", lw=0.5,
+                          label=label if i == 0 else None)
+                right.text(x, t + 6, f"{t:.0f}", ha="center", fontsize=6.5, rotation=90, va="bottom")
+            elif failed:
+                right.plot(x, 12, "x", color=colour, ms=7, mew=2)
+    right.plot([], [], "x", color="0.3", ms=7, mew=2, label="did not compile (WS with 4 warps)")
+    right.axhline(ceiling, color="0.4", lw=1.1, ls="--")
+    right.set_xticks(range(len(groups)), [f"d = {g[0]}{', causal' if g[1] else ''}\nN = {g[2]}\n{g[3]}×{g[4]}, {g[5]} warps"
+                                          for g in groups], fontsize=7.5)
+    right.set_title(f"every recorded configuration at {stages} stages (none drawn: not measured)", loc="left",
+                    fontsize=10)
+    right.set_ylim(0, ceiling * 1.12)
+    right.legend(fontsize=7.5, ncols=3, loc="upper right")
+    for ax in (left, right):
         ax.spines[["top", "right"]].set_visible(False)
-    np.atleast_1d(axes)[0].set_ylabel("forward TFLOP/s (bf16)")
-    handles = {}
-    for ax in np.atleast_1d(axes):
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, h)
-    fig.legend(handles.values(), handles.keys(), loc="outside upper center", ncols=2, fontsize=8,
-               title="flashlab's Triton forward on the H200 (x: did not run)", title_fontsize=9.5)
-    _provenance_footer(fig, rec.provenance)
+    fig.suptitle("flashlab's Triton forward on the H200: software pipelining, TMA loads, warp specialisation (WS)",
+                 x=0.01, ha="left", fontsize=10.5)
+    _provenance_footer(fig, f"{rec.short}; ceiling: {results.load(ceiling_stem).short}")
     return fig
 
 
@@ -169,11 +198,13 @@ _FP8_IMPLS = {  # impl column of fp8_bench -> (label, colour, marker, line style
 }
 
 
-def fp8_speed_h200(stem: str = "fp8_bench_h200", d: int = 128) -> Figure:
+def fp8_speed_h200(stem: str = "fp8_bench_h200", tiles_stem: str = "fp8_tiles_h200", d: int = 128) -> Figure:
     """Forward TFLOP/s against N at head dimension d for flashlab bf16, flashlab FP8 (with and
     without the quantisation timed) and torch SDPA flash; non-causal (left) and causal (right).
-    The thin dotted line is 1.5x flashlab's bf16 forward, the speed-up the FP8 kernel aimed at."""
-    rec = results.load(stem)
+    The thin dotted line is 1.5x flashlab's bf16 forward, the most FP8 can gain over it in the
+    producer/consumer model of the chapter. Open markers (non-causal only) are the later run
+    ``tiles_stem``: bf16 as users call it (TMA loads by default) and the fastest FP8 tile."""
+    rec, later = results.load(stem), results.load(tiles_stem)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True, layout="constrained")
     for ax, causal in zip(axes, (False, True)):
         for impl, (label, colour, marker, ls) in _FP8_IMPLS.items():
@@ -181,7 +212,14 @@ def fp8_speed_h200(stem: str = "fp8_bench_h200", d: int = 128) -> Figure:
             ax.plot(*zip(*pts), ls, color=colour, marker=marker, ms=5, lw=1.5, label=label)
         bf16 = sorted((r["N"], r["tflops"]) for r in rec.where(impl="flashlab", d=d, causal=causal))
         ax.plot([n for n, _ in bf16], [1.5 * t for _, t in bf16], ":", color=COLOURS[0], lw=1,
-                label="1.5 × flashlab bf16 (the goal)")
+                label="1.5 × flashlab bf16 (producer/consumer model's FP8 gain)")
+        if not causal:  # the later run: non-causal only
+            for impl, (label, colour, marker) in {
+                    "flashlab": ("bf16 with TMA loads (later run)", COLOURS[0], "o"),
+                    "flashlab_fp8": ("FP8, fastest fixed tile (later run)", COLOURS[2], "^")}.items():
+                pts = sorted({n: max(r["tflops"] for r in later.where(impl=impl, d=d, N=n))
+                              for n in later.column("N", impl=impl, d=d)}.items())
+                ax.plot(*zip(*pts), "--", color=colour, marker=marker, mfc="white", ms=6, lw=1.2, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks([n for n, _ in bf16], [str(n) for n, _ in bf16])
         ax.set_xlabel("sequence length N (B·N = 16k tokens)")
@@ -191,5 +229,5 @@ def fp8_speed_h200(stem: str = "fp8_bench_h200", d: int = 128) -> Figure:
     axes[0].set_ylabel("TFLOP/s")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncols=3, fontsize=8.5,
                title="FP8 (e4m3, per-block descales) against bf16 on the H200", title_fontsize=9.5)
-    _provenance_footer(fig, rec.provenance + " " + str(rec.meta.get("note", "")))
+    _provenance_footer(fig, f"{rec.short}; open markers: {later.short}")
     return fig

@@ -38,7 +38,7 @@ K-major order only (fp16/bf16 also accept MN-major). For S = Q K^T, B = K^T and 
 V should be stored with N contiguous: :func:`quantize_qkv` returns V as a (B, H, N, d)
 *view* of (B, H, d, N) memory, as the Triton tutorial does for fp8. The kernel reads
 any strides, so a plain (B, H, N, d) V also gives the right answer, but slower: on the
-lent H200 (triton 3.6; B=4, H=16, N=4096, d=128, non-causal) 0.82 ms (673 TFLOP/s) with
+H200 (triton 3.6; B=4, H=16, N=4096, d=128, non-causal) 0.82 ms (673 TFLOP/s) with
 keys-contiguous V against 2.02 ms (272 TFLOP/s) with d-contiguous V.
 
 Incoherent processing (非相干处理, §3.3): :func:`rotate` multiplies Q and K by the same
