@@ -10,7 +10,9 @@ Glossary
 SM      streaming multiprocessor, the GPU's independent "small factory" (流式多处理器)
 SRAM    on-chip memory next to the compute units: one array per SM, split between the
         L1 data cache and shared memory (片上存储)
-HBM     high-bandwidth memory, the GPU's large off-chip DRAM (高带宽显存)
+L2      the cache shared by all SMs, on the chip between the SMs and HBM (二级缓存)
+HBM     high-bandwidth memory, the GPU's large off-chip DRAM, which CUDA and Triton
+        call global memory (高带宽显存, 全局内存)
 MUFU    multi-function unit that evaluates exp2, log2, rcp, sin... (特殊函数单元)
 ridge   arithmetic intensity (FLOP per byte) above which a kernel is compute-bound (屋脊点)
 
@@ -25,6 +27,7 @@ from typing import Mapping
 import numpy as np
 
 KB = 1024
+MiB = 1024 * KB  # NVIDIA's "MB" of cache are binary: the A100's 40 MB L2 is listed as 40960 KB
 GB = 10**9
 TB = 10**12
 TERA = 1e12
@@ -69,6 +72,10 @@ class GPU:
     tmem_per_sm : bytes of tensor memory per SM (Blackwell only, else 0).
     register_file_per_sm : bytes of registers per SM (64K 32-bit registers on
         every GPU here), the fastest and smallest level; 0 if not given.
+    l2_cache : bytes of L2 cache, one cache shared by all SMs, between them and
+        HBM; 0 if NVIDIA does not publish it.
+    l2_bandwidth : L2 read bandwidth of the whole chip in bytes/s; 0 if NVIDIA
+        does not publish it.
     sram_bandwidth : aggregate SRAM (shared-memory read) bandwidth of all SMs
         together, in bytes/s.
     sources : for each attribute name, where its number comes from.
@@ -91,6 +98,8 @@ class GPU:
     sram_bandwidth: float = 0.0
     register_file_per_sm: int = 0
     smem_max_per_sm: int = 0
+    l2_cache: int = 0
+    l2_bandwidth: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     # ---- derived quantities -------------------------------------------------
@@ -170,6 +179,8 @@ A100 = GPU(
     sram_bandwidth=19 * TB,
     register_file_per_sm=256 * KB,
     smem_max_per_sm=164 * KB,
+    l2_cache=40 * MiB,
+    l2_bandwidth=5120 * 1.41e9,
     sources={
         "sm_count": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs",
         "sram_per_sm": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 192 KB of combined L1 data cache "
@@ -186,6 +197,10 @@ A100 = GPU(
         "smem_bytes_per_cycle": "A100 whitepaper: 128 bytes/clock/SM of shared-memory bandwidth",
         "sram_bandwidth": "FlashAttention paper §2.1: SRAM bandwidth estimated around 19 TB/s",
         "register_file_per_sm": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 256 KB register file per SM; " + _REGISTERS,
+        "l2_cache": "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 40 MB L2 cache (40960 KB in its "
+        "specification table)",
+        "l2_bandwidth": "derived: 5120 bytes/clock (A100 whitepaper: 'The A100 L2 read bandwidth is 5120 Bytes/clk') "
+        "x 1.41 GHz = 7.2 TB/s",
     },
 )
 
@@ -206,6 +221,7 @@ H100 = GPU(
     sram_bandwidth=132 * 128 * 1.83e9,
     register_file_per_sm=256 * KB,
     smem_max_per_sm=228 * KB,
+    l2_cache=50 * MiB,
     sources={
         "sm_count": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 132 SMs on H100 SXM5",
         "sram_per_sm": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 256 KB of combined L1 data cache "
@@ -222,6 +238,9 @@ H100 = GPU(
         "smem_bytes_per_cycle": _FA4_TABLE + ": 128 bytes per SM per cycle",
         "sram_bandwidth": "derived: 132 SMs x 128 B/cycle x 1.83 GHz",
         "register_file_per_sm": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 256 KB register file per SM; " + _REGISTERS,
+        "l2_cache": "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), 'H100 L2 Cache': 'A 50 MB L2 cache "
+        "in H100 is 1.25x larger than A100's 40 MB L2'",
+        "l2_bandwidth": "not published: neither the H100 whitepaper nor the datasheet gives an L2 bandwidth (0 = not given)",
     },
 )
 
@@ -238,6 +257,8 @@ H200 = replace(
         "hbm_bandwidth": "NVIDIA H200 datasheet: 4.8 TB/s",
         "tensor_flops": "NVIDIA H200 datasheet: 1,979 TFLOPS FP16/BF16 and 3,958 FP8 with sparsity; dense is half",
         "fp32_flops": "NVIDIA H200 datasheet: 67 TFLOPS FP32",
+        "l2_cache": "not in NVIDIA's H200 datasheet; the book uses the H100 SXM5's 50 MB, since the H200 is the same "
+        "GH100 chip with the same 132 SMs (H100 whitepaper, 'H100 L2 Cache': 50 MB)",
     },
 )
 
@@ -277,6 +298,8 @@ B200 = GPU(
         "tmem_per_sm": _FA4_TABLE + ": 256 KB tensor memory per SM",
         "sram_bandwidth": "derived: 148 SMs x 128 B/cycle x clock",
         "register_file_per_sm": _REGISTERS + " (compute capability 10.0)",
+        "l2_cache": "not published in the HGX B200 datasheet or the Blackwell technical brief (0 = not given)",
+        "l2_bandwidth": "not published (0 = not given)",
     },
 )
 
@@ -334,21 +357,33 @@ def roofline(intensity: float | np.ndarray, peak_flops: float, bandwidth: float)
 
 
 def memory_hierarchy_table(gpu: GPU) -> list[dict[str, object]]:
-    """Rows (level, capacity in bytes, bandwidth in bytes/s, source) from fastest to largest.
+    """Rows (level, capacity in bytes, bandwidth in bytes/s, source) from fastest to largest:
+    SRAM, the L2 cache (where its size is published) and HBM.
 
     The SRAM row counts the whole on-chip L1 + shared-memory array of every SM; a
-    kernel can claim at most ``smem_max_per_sm`` of each SM's part as shared memory."""
-    return [
+    kernel can claim at most ``smem_max_per_sm`` of each SM's part as shared memory.
+    The L2 row's bandwidth is ``None`` where NVIDIA publishes none. The book's IO model
+    (chapters 3 and 4) keeps only two levels, SRAM and HBM: a kernel cannot choose what
+    the L2 keeps, so the model counts every byte that crosses between SRAM and HBM."""
+    rows = [
         {
             "level": "SRAM (L1 + shared memory, all SMs)",
             "capacity": gpu.sram_total,
             "bandwidth": gpu.sram_bandwidth,
             "source": gpu.sources["sram_per_sm"] + "; " + gpu.sources["sram_bandwidth"],
         },
-        {
-            "level": "HBM (device memory)",
-            "capacity": gpu.hbm_capacity,
-            "bandwidth": gpu.hbm_bandwidth,
-            "source": gpu.sources["hbm_capacity"] + "; " + gpu.sources["hbm_bandwidth"],
-        },
     ]
+    if gpu.l2_cache:
+        rows.append({
+            "level": "L2 cache (shared by all SMs)",
+            "capacity": gpu.l2_cache,
+            "bandwidth": gpu.l2_bandwidth or None,
+            "source": gpu.sources["l2_cache"] + ("; " + gpu.sources["l2_bandwidth"] if gpu.l2_bandwidth else ""),
+        })
+    rows.append({
+        "level": "HBM (global memory)",
+        "capacity": gpu.hbm_capacity,
+        "bandwidth": gpu.hbm_bandwidth,
+        "source": gpu.sources["hbm_capacity"] + "; " + gpu.sources["hbm_bandwidth"],
+    })
+    return rows

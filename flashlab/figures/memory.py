@@ -1,5 +1,5 @@
-"""Figure 2 (the memory pyramid), the H200 roofline with naive attention on it, and
-the recorded naive-versus-fused benchmark.
+"""Chapter 1's figures: the memory pyramid (Figure 1.1), the H200 roofline with naive
+attention on it (Figure 1.2), and the recorded naive-versus-fused benchmark (Figure 1.3).
 
 ``memory_pyramid`` draws the GPU's storage levels, from the registers beside the
 arithmetic units down to the host CPU's DRAM, each with its capacity and its
@@ -41,11 +41,11 @@ from ..results import load
 
 __all__ = ["Level", "pyramid_levels", "memory_pyramid", "roofline", "naive_vs_fused_h200", "HOST"]
 
-# Okabe & Ito (2008): blue, sky blue, bluish green, orange, vermillion, reddish purple, yellow
-_BLUE, _SKY, _GREEN, _ORANGE, _VERMILLION, _PURPLE, _YELLOW = (
+# Okabe & Ito (2008): blue, sky blue, bluish green, orange, vermilion, reddish purple, yellow
+_BLUE, _SKY, _GREEN, _ORANGE, _VERMILION, _PURPLE, _YELLOW = (
     "#0072B2", "#56B4E9", "#009E73", "#E69F00", "#D55E00", "#CC79A7", "#F0E442")
 _INK = "#222222"
-_LEVEL_FILL = {"registers": _VERMILLION, "SRAM": _ORANGE, "HBM": _SKY, "CPU": "#BBBBBB"}
+_LEVEL_FILL = {"registers": _VERMILION, "SRAM": _ORANGE, "HBM": _SKY, "CPU": "#BBBBBB"}
 
 # The host level is not part of the GPU, so it is not in flashlab.hardware:
 # (bandwidth in bytes/s, capacity in bytes or None, label of the capacity, source)
@@ -165,7 +165,7 @@ def memory_pyramid(gpus: tuple[str, ...] = ("A100", "H200")) -> Figure:
 
 _STEP_STYLE = {  # step -> (colour, marker, short label)
     "S = QK^T": (_BLUE, "o", r"$S = QK^\top$"),
-    "P = softmax(S)": (_VERMILLION, "s", r"$P = \mathrm{softmax}(S)$"),
+    "P = softmax(S)": (_VERMILION, "s", r"$P = \mathrm{softmax}(S)$"),
     "O = PV": (_GREEN, "D", r"$O = PV$"),
 }
 
@@ -237,8 +237,8 @@ def roofline(n: int = 4096, ds: tuple[int, ...] = (64, 128), show_fused: bool = 
     ax.annotate(f"softmax: {soft['intensity']:.2f} FLOP/B, {soft['tflops']:.1f} TFLOP/s,\n"
                 f"{peak_mm / 1e12 / soft['tflops']:.0f}x below the measured matmul ceiling",
                 xy=(soft["intensity"], soft["tflops"]), xytext=(soft["intensity"] * 2.2, soft["tflops"] * 0.42),
-                fontsize=9, color=_VERMILLION, va="center",
-                arrowprops=dict(arrowstyle="->", color=_VERMILLION, shrinkB=6))
+                fontsize=9, color=_VERMILION, va="center",
+                arrowprops=dict(arrowstyle="->", color=_VERMILION, shrinkB=6))
     (mm,) = steps.where(step="S = QK^T", N=n, d=ds[0])
     ax.annotate("naive attention's matmuls: intensity ≈ d,\nstill left of the ridge, because\n"
                 "their N×N output is large", xy=(mm["intensity"], mm["tflops"]),

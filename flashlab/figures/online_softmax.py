@@ -1,4 +1,4 @@
-"""Figure 4: online softmax on the row [1, 3, 2, 5], read in blocks [1, 3] and [2, 5].
+"""Figure 2.1 (chapter 2): online softmax on the row [1, 3, 2, 5], read in blocks [1, 3] and [2, 5].
 
 Every number on the figure is computed here by :class:`~flashlab.reference.OnlineSoftmaxState`
 (the running max m and the running sum l of exp(s - m)); the one-pass value is the

@@ -1,4 +1,4 @@
-"""Figure 1: four generations of FlashAttention, 2022-2026.
+"""The preface's timeline figure: four generations of FlashAttention, 2022-2026.
 
 Top: a timeline with one marker per paper, its GPU, the bottleneck it attacked and
 its headline result. Bottom, under each marker: the GPU's dense 16-bit tensor-core
@@ -22,7 +22,7 @@ from ..generations import GENERATIONS, Generation
 
 __all__ = ["timeline", "COLOURS"]
 
-# Okabe & Ito (2008), "Color Universal Design": blue, vermillion, bluish green, reddish purple
+# Okabe & Ito (2008), "Color Universal Design": blue, vermilion, bluish green, reddish purple
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7")
 
 
