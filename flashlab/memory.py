@@ -54,6 +54,11 @@ Theorem 2 of the paper and the proof in its Appendix C. Proposition 3 there show
 second is optimal: no exact attention algorithm makes o(N^2 d^2 / M) HBM accesses for
 all M in [d, N d].
 
+The model beside a real GPU (chapters 3 and 4): :func:`hbm_table` prints the
+simulator's counts, in fp16 bytes, beside the FlashAttention paper's A100 numbers and
+the bytes Nsight Compute counted on an H200 (``results/hbm_bytes_h200``);
+:func:`fa2_order_io` counts FlashAttention-2's loop order in the same cache-less model.
+
 Glossary: HBM = high-bandwidth memory, off-chip (显存); SRAM = on-chip memory of M
 numbers (片上存储); IO = element moves between them (访存量); N = sequence length;
 d = head dimension; M = sram_size; Br, Bc = rows of a Q block, of a K/V block;
@@ -85,6 +90,9 @@ __all__ = [
     "count_flash",
     "standard_io_formula",
     "flash_io_formula",
+    "fa2_order_io",
+    "hbm_table",
+    "PAPER_GPT2_MEDIUM_GB",
 ]
 
 class SRAMOverflowError(RuntimeError):
@@ -512,3 +520,90 @@ def flash_io_formula(N: int, d: int, sram_size: int, exact: bool = True) -> floa
     _, Bc = block_sizes(sram_size, d)
     Tc = math.ceil(N / Bc) if exact else 4 * N * d / sram_size
     return 3 * N * d + 2 * N + Tc * (3 * N * d + 4 * N)
+
+
+# ---- the model beside a GPU's byte counters (chapters 3 and 4) ------------------------
+
+#: HBM traffic of one attention forward + backward on an A100 at the GPT-2-medium shape
+#: (batch 64, 16 heads, N = 1024, d = 64), in GB, quoted from the FlashAttention paper
+#: (Dao et al., 2022), Fig. 2 (left). Not measured by this project.
+PAPER_GPT2_MEDIUM_GB = {"standard attention": 40.3, "FlashAttention (v1)": 4.4}
+
+
+def fa2_order_io(N: int, d: int, block_q: int) -> int:
+    """Element moves of FlashAttention-2's loop order in the two-level model (no cache).
+
+    Query blocks of ``block_q`` rows form the outer loop. Each Q_i is read once and its
+    O_i is written once (2 N d in all); every K_j and V_j is read again for each of the
+    Tr = ceil(N / block_q) query blocks (2 Tr N d). The per-row log-sum-exp (N numbers)
+    is left out. Total: (2 + 2 Tr) N d. Chapter 4 sets this beside the bytes a GPU
+    measured: there an L2 cache serves most of the K, V re-reads.
+    """
+    N, d, block_q = (positive_int(n, x) for n, x in (("N", N), ("d", d), ("block_q", block_q)))
+    return (2 + 2 * math.ceil(N / block_q)) * N * d
+
+
+def hbm_table(measured, peer=None, ns: tuple[int, ...] = (1024, 4096), sram_size: int | None = 32768) -> str:
+    """HBM traffic of one attention layer in GB, fp16, from every source side by side.
+
+    Columns: one forward (fwd) and one forward + backward (fwd+bwd) for each N in ``ns``.
+    Rows, in this order:
+
+    - the FlashAttention paper's A100 numbers (:data:`PAPER_GPT2_MEDIUM_GB`, fwd+bwd at N = 1024);
+    - with ``sram_size`` = M: the simulator's forward counts, ``count_standard`` (Algorithm 0)
+      and ``count_flash`` (Algorithm 1), times 2 bytes and times the batch x heads of the
+      measured rows (the simulator has no backward pass);
+    - the least any implementation moves: Q, K, V read and O written once (4 N d per head);
+      for fwd+bwd also Q, K, V, O, dO read and dQ, dK, dV written once (8 N d more);
+    - ``measured``: a recorded set with columns impl, pass, B, H, N, d, total_bytes
+      (``results/hbm_bytes_h200``; impl naive, sdpa_flash, flashlab);
+    - ``peer`` (optional): a recorded set with columns impl, N, total_gb of fwd+bwd runs
+      (``results/hbm_bytes_gpt2medium_fwdbwd_h200``).
+
+    A dash marks a number no source gives.
+    """
+    names = {"naive": "naive PyTorch", "sdpa_flash": "SDPA flash", "flashlab": "flashlab"}
+    shapes = {}
+    for n in ns:
+        rows = [r for r in measured.rows if r["N"] == n]
+        if not rows:
+            lengths = sorted({r["N"] for r in measured.rows})
+            raise ValueError(f"ns must hold lengths in the measured set, {lengths}; got {n}")
+        shapes[n] = (rows[0]["B"], rows[0]["H"], rows[0]["d"])
+
+    def measured_gb(impl: str, n: int, pas: str) -> str:
+        rows = [r for r in measured.rows if r["impl"] == impl and r["N"] == n and r["pass"] == pas]
+        return f"{rows[0]['total_bytes'] / 1e9:.2f}" if rows else "—"
+
+    def all_heads_gb(elements_per_head: int, n: int) -> str:  # fp16 bytes over batch x heads, in GB
+        B, H, _ = shapes[n]
+        return f"{elements_per_head * 2 * B * H / 1e9:.2f}"
+
+    table: list[tuple[str, str, list[str]]] = []  # (group, name, one cell per column)
+    for name, gb in PAPER_GPT2_MEDIUM_GB.items():
+        table.append(("FA1 paper, A100", name, [c for n in ns for c in ("—", f"{gb:.1f}" if n == 1024 else "—")]))
+    if sram_size is not None:
+        for name, count in (("Algorithm 0 (standard)", count_standard), ("Algorithm 1 (v1)", count_flash)):
+            cells = [c for n in ns for c in (all_heads_gb(count(n, shapes[n][2], sram_size).total, n), "—")]
+            table.append(("simulator", name, cells))
+    table.append(("least possible", "inputs in, outputs out",
+                  [all_heads_gb(k * n * shapes[n][2], n) for n in ns for k in (4, 12)]))
+    for impl, name in names.items():
+        table.append(("our H200", name, [measured_gb(impl, n, p) for n in ns for p in ("fwd", "fwdbwd")]))
+    if peer is not None:
+        for impl in ("naive", "sdpa_flash"):
+            rows = [r for r in peer.rows if r["impl"] == impl]
+            cells = [c for n in ns for c in ("—", next((f"{r['total_gb']:.2f}" for r in rows if r["N"] == n), "—"))]
+            table.append(("peer script, H200", names[impl], cells))
+    second = {"simulator": f"(M = {sram_size or 0:,})", "our H200": "(Nsight Compute)",
+              "peer script, H200": "(with inputs)"}  # the second row of a group names its source
+    _, H, d = shapes[ns[0]]
+    lines = [f"HBM traffic of one attention layer in GB (fp16, {H} heads, d = {d})",
+             f"{'':42}" + "".join(f"{f'N = {n}, batch {shapes[n][0]}':>20}" for n in ns),
+             f"{'':42}" + "".join(f"{'fwd':>10}{'fwd+bwd':>10}" for _ in ns)]
+    for k, (group, name, cells) in enumerate(table):
+        first = k == 0 or table[k - 1][0] != group
+        second_row = not first and (k < 2 or table[k - 2][0] != group)
+        label = group if first else second.get(group, "") if second_row else ""
+        lines.append(f"{label:<19}{name:<23}" + "".join(f"{c:>10}" for c in cells))
+    return "\n".join(lines)

@@ -24,7 +24,7 @@ from ..memory import count_flash, count_standard, flash_io_formula, standard_io_
 
 __all__ = ["io_vs_n", "io_vs_m"]
 
-# Okabe & Ito (2008): vermillion, blue, bluish green, reddish purple
+# Okabe & Ito (2008): vermilion, blue, bluish green, reddish purple
 _STANDARD, _FLASH, _FLASH_2, _GREY = "#D55E00", "#0072B2", "#009E73", "0.45"
 
 

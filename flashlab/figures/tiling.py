@@ -1,6 +1,6 @@
-"""Figures 3 and 5: where the data goes (standard attention vs FlashAttention) and the tiling.
+"""Figures 3.1 and 3.2 of chapter 3: where the data goes (standard attention vs FlashAttention) and the tiling.
 
-``dataflow`` (figure 3) draws the two memory levels, HBM below and the chip's SRAM
+``dataflow`` (Figure 3.1) draws the two memory levels, HBM below and the chip's SRAM
 above, and every array that crosses the boundary between them. (a) Standard
 attention runs three kernels; the N x N matrices S and P are each written to HBM
 and read back, four trips of N^2 numbers. (b) FlashAttention runs one fused kernel;
@@ -8,7 +8,7 @@ only the N x d arrays Q, K, V, O (and the 2N numbers m, l) cross the boundary,
 and v1 reads and writes O, m, l once per outer step (Tc times).
 The sizes printed on the figure are computed for the ``n`` and ``d`` given.
 
-``tiling`` (figure 5; FlashAttention paper Fig. 1, middle) draws Q split into Tr
+``tiling`` (Figure 3.2; after the FlashAttention paper, Fig. 1, middle) draws Q split into Tr
 row blocks, K^T and V^T into Tc column blocks, with the block sizes of
 :func:`flashlab.reference.block_sizes`, and highlights one step of Algorithm 1: the
 outer loop is at K/V block j, the inner loop at Q block i, and the tile S_ij is the
@@ -78,7 +78,7 @@ def _levels(ax: Axes, boundary: float, top: float) -> None:
 
 
 def dataflow(n: int = 4096, d: int = 64) -> Figure:
-    """Figure 3: the arrays that cross the HBM/SRAM boundary, standard attention vs FlashAttention.
+    """Figure 3.1: the arrays that cross the HBM/SRAM boundary, standard attention vs FlashAttention.
 
     Parameters
     ----------
@@ -143,13 +143,13 @@ def dataflow(n: int = 4096, d: int = 64) -> Figure:
             "N×d traffic: Q, K, V, O only (v1 re-reads some of them; chapter 4 counts it)",
             ha="left", va="top", fontsize=10, color=_INK)
     ax.set_title("(b) FlashAttention: one fused kernel", loc="left", fontsize=12)
-    fig.suptitle(f"Figure 3. What crosses the HBM boundary (one head, N = {n}, d = {d}; numbers, not bytes)",
+    fig.suptitle(f"Figure 3.1. What crosses the HBM boundary (one head, N = {n}, d = {d}; numbers, not bytes)",
                  fontsize=12.5, x=0.01, ha="left")
     return fig
 
 
 def tiling(n: int = 512, d: int = 64, sram_size: int = 32768, i: int = 3, j: int = 2) -> Figure:
-    """Figure 5: the blocks of Algorithm 1 and one step of its double loop.
+    """Figure 3.2: the blocks of Algorithm 1 and one step of its double loop.
 
     Parameters
     ----------
@@ -248,6 +248,6 @@ def tiling(n: int = 512, d: int = 64, sram_size: int = 32768, i: int = 3, j: int
     ax.set_xlim(xl - 0.9, sx + 4.6)
     ax.set_ylim(8 + gap + 0.45 + w + 0.3, -gap - w - 1.0)
     ax.axis("off")
-    ax.set_title(f"Figure 5. Tiling in Algorithm 1: N = {n}, d = {d}, M = {sram_size:,} → Br = {Br}, Bc = {Bc}, "
+    ax.set_title(f"Figure 3.2. Tiling in Algorithm 1: N = {n}, d = {d}, M = {sram_size:,} → Br = {Br}, Bc = {Bc}, "
                  f"Tr = {Tr}, Tc = {Tc}", loc="left", fontsize=12)
     return fig
