@@ -1,7 +1,8 @@
 """Chapter 9 figures: which tiles of the score matrix a kernel computes, masks or skips
 under a causal mask (square and N_q < N_k, both bottom-right aligned) and a sliding
 window (:func:`block_masks`); and the chapter's features measured on the H200, each
-beside its baseline (:func:`features_h200`, from ``results/beyond_h200``).
+beside its baseline (:func:`features_h200`: causal, windows, GQA and varlen from
+``results/beyond_h200``, decoding from ``results/decode_h200``).
 
 In :func:`block_masks` everything drawn comes from :func:`flashlab.reference.beyond.window_mask` (the mask)
 and :func:`flashlab.reference.beyond.window_block_counts` (the tile counts in the
@@ -9,6 +10,10 @@ titles). A tile is *skipped* when the mask is False everywhere in it, *masked* (
 diagonal tile) when it is partly True, and *full* when it is True everywhere: the same
 classification as ``window_block_counts``. Colours are the Okabe-Ito palette of
 :mod:`.timeline`.
+
+The chapter's tables read the same two runs through the small helpers below
+(:func:`recorded_ms`, :func:`note_value`, :func:`decode_shapes`, :func:`decode_timing`,
+:func:`decode_splits`), so the figure and the printed numbers come from one place.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from ..hardware import H200
 from ..reference.beyond import window_block_counts, window_mask
 from .timeline import COLOURS
 
-__all__ = ["block_masks", "features_h200"]
+__all__ = ["block_masks", "features_h200", "recorded_ms", "note_value", "decode_shapes", "decode_timing",
+           "decode_splits"]
 
 TILE_COLOURS = {"full": COLOURS[0], "masked": COLOURS[1], "skipped": "0.93"}
 
@@ -55,7 +61,7 @@ def block_masks(n: int = 512, block: int = 64, left: int = 128) -> Figure:
     (a) causal, N_q = N_k = n; (b) causal, N_q = n / 2 new queries against N_k = n keys,
     bottom-right aligned (query i sees key j iff j <= i + N_k - N_q); (c) causal sliding
     window of ``left`` keys to the left, N_q = N_k = n. Shaded cells are the (i, j) the
-    mask allows; blue tiles are computed without a mask, vermillion tiles with the mask,
+    mask allows; blue tiles are computed without a mask, vermilion tiles with the mask,
     grey tiles are never loaded.
     """
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 5.2), layout="constrained",
@@ -75,6 +81,53 @@ def block_masks(n: int = 512, block: int = 64, left: int = 128) -> Figure:
 
 # Okabe-Ito colours beyond the four of .timeline
 ORANGE, SKY, YELLOW, GREY = "#E69F00", "#56B4E9", "#F0E442", "0.55"
+
+
+# --------------------------------------------------------------------------- reading the runs
+def recorded_ms(rec, case: str, pass_: str = "fwd", **where: object) -> float:
+    """The time (ms) of the one row of ``rec`` with this ``case``, pass (``"fwd"`` or
+    ``"fwdbwd"``) and column values, e.g. ``recorded_ms(feat, "causal", "fwd", causal=True)``."""
+    rows = rec.where(case=case, **{"pass": pass_}, **where)
+    if len(rows) != 1:
+        raise ValueError(f"case={case!r}, pass={pass_!r} and {where} must pick exactly one row of "
+                         f"results/{rec.stem}; they pick {len(rows)}")
+    return rows[0]["ms"]
+
+
+def note_value(row: dict, key: str) -> float:
+    """A number from a row's ``note`` column, which holds ``key=value`` pairs separated by
+    ``;`` (e.g. ``"GB/s=3075;max_err=6.2e-05;host_us=88.7"``)."""
+    pairs = dict(item.split("=", 1) for item in str(row.get("note", "")).split(";") if "=" in item)
+    if key not in pairs:
+        raise ValueError(f"key must be one of {sorted(pairs)} in the note of this row; got {key!r}")
+    return float(pairs[key])
+
+
+def decode_shapes(rec) -> list[tuple[int, int, int, int]]:
+    """The decoding shapes (B, H, N, d) of a run, in the order they were measured."""
+    return list(dict.fromkeys((r["B"], r["H"], r["N"], r["d"]) for r in rec.where(case="decode")))
+
+
+def decode_timing(rec, impl: str, B: int, H: int, N: int) -> dict[str, float]:
+    """One implementation at one decoding shape of ``results/decode_h200``: ``ms`` per call
+    from Python (do_bench), ``graph_ms`` the GPU time alone (the call replayed in a CUDA
+    graph), ``host_us`` the host's microseconds per call, and ``tb_s`` the cache bytes
+    (K and V, bf16, read once) divided by the GPU time, in TB/s."""
+    (eager,) = rec.where(case="decode", impl=impl, B=B, H=H, N=N)
+    (graph,) = rec.where(case="decode", impl=impl + "_graph", B=B, H=H, N=N)
+    cache_bytes = 2 * B * H * N * eager["d"] * 2
+    return {"ms": eager["ms"], "graph_ms": graph["ms"], "host_us": note_value(eager, "host_us"),
+            "tb_s": cache_bytes / (graph["ms"] * 1e-3) / 1e12}
+
+
+def decode_splits(rec, B: int, H: int, N: int) -> tuple[int, dict[int, float]]:
+    """The split-count sweep at one decoding shape: (the count ``choose_num_splits`` chose,
+    {number of splits: GPU time in ms, from a CUDA graph})."""
+    rows = [r for r in rec.where(case="decode", B=B, H=H, N=N) if "num_splits=" in str(r["note"])]
+    if not rows:
+        raise ValueError(f"results/{rec.stem} has no split-count sweep at B={B}, H={H}, N={N}")
+    times = {int(note_value(r, "num_splits")): r["ms"] for r in rows}
+    return int(note_value(rows[0], "chosen")), dict(sorted(times.items()))
 
 
 def _ratio_label(base_ms: float, t_ms: float) -> str:
@@ -113,25 +166,25 @@ def _relative_panel(ax, rec, bars: list[tuple[str, dict, str]], title: str, ylab
     ax.spines[["top", "right"]].set_visible(False)
 
 
-def features_h200(stem: str = "beyond_h200") -> Figure:
-    """The chapter's features measured on the H200 (``results/beyond_h200``), each beside its
-    baseline, bf16, d = 128.
+def features_h200(stem: str = "beyond_h200", decode_stem: str = "decode_h200") -> Figure:
+    """The chapter's features measured on the H200, each beside its baseline, bf16, d = 128.
 
-    (a) causal vs full attention, N = 16384; (b) causal + sliding window (4096 and 1024 keys
-    back) vs plain causal, N = 16384; (c) GQA/MQA: 32 query heads with 32, 8 or 1 K/V heads,
-    N = 8192; (d) a packed varlen batch vs the same kernel on the padded batch vs SDPA with a
-    padding mask (forward only). Bars are times divided by the baseline's (first bar), with the
-    time and the ratio written on each. (e) decoding, one new token against a KV cache at three
-    shapes: achieved bandwidth (cache bytes / time) of each implementation, with the H200's HBM
-    bandwidth as a dashed line and the split kernel's ratios to the unsplit kernel and to SDPA
-    flash written under each group. The run used each kernel's first configuration (no
-    autotuning); its note is printed under the figure with the provenance.
+    From ``results/beyond_h200`` (one run, each kernel with its first configuration, no
+    autotuning): (a) causal vs full attention, N = 16384; (b) causal + sliding window (4096
+    and 1024 keys back) vs plain causal, N = 16384; (c) GQA/MQA: 32 query heads with 32, 8
+    or 1 K/V heads, N = 8192; (d) a packed varlen batch vs the same kernel on the padded
+    batch vs SDPA with a padding mask (forward only). Bars are times divided by the
+    baseline's (first bar), with the time and the ratio written on each.
+
+    From ``results/decode_h200``: (e) decoding, one new token against a KV cache at four
+    shapes: bars are the achieved bandwidth on the GPU alone (cache bytes / time of the call
+    replayed in a CUDA graph), dots the bandwidth per call from Python (host time included);
+    the H200's HBM bandwidth is dashed. Under each group: the split kernel's speed relative
+    to SDPA flash's, per call and on the GPU alone.
     """
-    import textwrap
-
     from ..results import load
 
-    rec = load(stem)
+    rec, dec = load(stem), load(decode_stem)
     fig = plt.figure(figsize=(13.5, 8.8), layout="constrained")
     grid = fig.add_gridspec(2, 3, width_ratios=[1, 1, 1.2])
     ax_c, ax_w, ax_g = (fig.add_subplot(grid[0, i]) for i in range(3))
@@ -154,36 +207,39 @@ def features_h200(stem: str = "beyond_h200") -> Figure:
                                 ("SDPA + padding mask (forward only)", {"case": "varlen", "impl": "sdpa_padded_mask"}, COLOURS[3])],
                     "(d) 16 sequences of 1..4096 tokens, causal", "time / padded time")
 
-    impls = [("flashlab_decode_unsplit", "flashlab, 1 split", SKY), ("flashlab_decode_split", "flashlab, split-KV", COLOURS[0]),
-             ("flashlab_fwd", "flashlab training kernel", GREY), ("sdpa_flash", "SDPA flash", ORANGE),
-             ("sdpa_cudnn", "SDPA cuDNN", COLOURS[1]), ("sdpa_default", "SDPA default", YELLOW)]
-    shapes = list(dict.fromkeys((r["B"], r["H"], r["N"], r["d"]) for r in rec.where(case="decode")))
+    impls = [("flashlab_decode_unsplit", "flashlab, 1 split", SKY),
+             ("flashlab_decode_split", "flashlab split-KV (merge inside, default)", COLOURS[0]),
+             ("flashlab_decode_split_separate", "flashlab split-KV + separate combine kernel", COLOURS[2]),
+             ("flashlab_decode_paged16", "flashlab split-KV, paged (16-key pages)", YELLOW),
+             ("sdpa_flash", "SDPA flash", ORANGE), ("sdpa_cudnn", "SDPA cuDNN", COLOURS[1])]
+    shapes = decode_shapes(dec)
     width = 0.8 / len(impls)
     for k, (impl, label, colour) in enumerate(impls):
-        xs, ys = [], []
-        for x, (B, H, N, d) in enumerate(shapes):
-            rows = rec.where(case="decode", impl=impl, B=B, H=H, N=N)
-            if rows:
-                xs.append(x + (k - (len(impls) - 1) / 2) * width)
-                ys.append(2 * B * H * N * d * 2 / (rows[0]["ms"] * 1e-3) / 1e12)  # K and V, bf16, read once
-        ax_d.bar(xs, ys, width * 0.92, color=colour, label=label)
+        xs, gpu, call = [], [], []
+        for x, (B, H, N, _) in enumerate(shapes):
+            t = decode_timing(dec, impl, B, H, N)
+            xs.append(x + (k - (len(impls) - 1) / 2) * width)
+            gpu.append(t["tb_s"])
+            call.append(t["tb_s"] * t["graph_ms"] / t["ms"])  # the same bytes over the time per call
+        ax_d.bar(xs, gpu, width * 0.92, color=colour, label=label)
+        ax_d.plot(xs, call, "o", ms=3.5, color="black", label="per call from Python (host included)" if k == 0 else None)
     ax_d.axhline(H200.hbm_bandwidth / 1e12, color="black", lw=1, ls="--")
     ax_d.text(len(shapes) - 0.55, H200.hbm_bandwidth / 1e12 + 0.08, f"H200 HBM {H200.hbm_bandwidth / 1e12:.1f} TB/s",
               ha="right", fontsize=7.5)
     ticks = []
     for B, H, N, _ in shapes:
-        t = {impl: rec.where(case="decode", impl=impl, B=B, H=H, N=N)[0]["ms"] for impl, _, _ in impls[:4]}
-        split = t["flashlab_decode_split"]
-        ticks.append(f"B = {B}, H = {H}, N = {N}\nsplit-KV {split:.2f} ms: {t['flashlab_decode_unsplit'] / split:.1f}× the unsplit\n"
-                     f"speed, {t['sdpa_flash'] / split:.2f}× SDPA flash's ({t['sdpa_flash']:.2f} ms)")
-    ax_d.set_xticks(range(len(shapes)), ticks, fontsize=8.5)
+        split, flash = (decode_timing(dec, i, B, H, N) for i in ("flashlab_decode_split", "sdpa_flash"))
+        ticks.append(f"B = {B}, H = {H}, N = {N}\nsplit-KV: {split['ms']:.3f} ms per call\n× SDPA flash's speed:\n"
+                     f"{flash['ms'] / split['ms']:.2f} per call, {flash['graph_ms'] / split['graph_ms']:.2f} on GPU")
+    ax_d.set_xticks(range(len(shapes)), ticks, fontsize=7.5)
     ax_d.set_ylabel("achieved bandwidth, TB/s (cache bytes / time)")
-    ax_d.set_ylim(0, 6.0)
-    ax_d.set_title("(e) decoding: one new token against a KV cache (H_kv = H)", loc="left", fontsize=9.5)
-    ax_d.legend(frameon=False, fontsize=7.5, ncol=3, loc="upper left")
+    ax_d.set_ylim(0, 6.5)
+    ax_d.set_title("(e) decoding, one new token against a KV cache (H_kv = H); bars: GPU time alone (CUDA graph)",
+                   loc="left", fontsize=9.5)
+    ax_d.legend(frameon=False, fontsize=7, ncol=3, loc="upper left")
     ax_d.spines[["top", "right"]].set_visible(False)
 
     fig.suptitle("Chapter 9's features on the H200, bf16, d = 128: each beside its baseline", fontsize=12)
-    footer = textwrap.fill(rec.provenance + " " + str(rec.meta.get("note", "")), 200)
-    fig.supxlabel(footer, fontsize=7, color="0.35")
+    fig.supxlabel(f"(a)–(d): {rec.short}, each kernel's first configuration (no autotuning).   (e): {dec.short}.",
+                  fontsize=7, color="0.35")
     return fig

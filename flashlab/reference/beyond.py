@@ -33,7 +33,7 @@ cut up*. Each section names the idea, its source, and the equation the code foll
 
 5. Split-KV decoding (Flash-Decoding: Dao, Haziza, Massa, Sizov, "Flash-Decoding for
    long-context inference", 2023). In decoding N_q is 1 (or a few) and N_k is long, so
-   one program per (batch, head) leaves most SMs idle. Cut the keys into S splits,
+   one program per (batch, head) leaves most SMs idle. Cut the keys into n_s splits,
    let each produce its normalised output o_i and log-sum-exp lse_i, then combine:
 
        lse = log sum_i exp(lse_i),        o = sum_i exp(lse_i - lse) o_i.        (C)
@@ -432,8 +432,8 @@ def combine(o_parts, lse_parts) -> tuple[np.ndarray, np.ndarray]:
 
     Parameters
     ----------
-    o_parts : array (S, ..., N_q, d_v)   each split's normalised output o_i
-    lse_parts : array (S, ..., N_q)      each split's log-sum-exp lse_i (-inf allowed)
+    o_parts : array (n_s, ..., N_q, d_v)   each split's normalised output o_i (n_s splits)
+    lse_parts : array (n_s, ..., N_q)      each split's log-sum-exp lse_i (-inf allowed)
 
     Returns
     -------
@@ -444,16 +444,16 @@ def combine(o_parts, lse_parts) -> tuple[np.ndarray, np.ndarray]:
     lse_parts = as_float_array("lse_parts", lse_parts, np.float64, min_ndim=2, allow_neg_inf=True)
     if lse_parts.shape != o_parts.shape[:-1] or o_parts.shape[0] == 0:
         raise ValueError(
-            f"o_parts must be (S, ..., N_q, d_v) and lse_parts (S, ..., N_q) with S >= 1 and the same leading axes; "
+            f"o_parts must be (n_s, ..., N_q, d_v) and lse_parts (n_s, ..., N_q) with n_s >= 1 splits and the same leading axes; "
             f"got o_parts.shape={o_parts.shape}, lse_parts.shape={lse_parts.shape}"
         )
     M = np.max(lse_parts, axis=0)  # (..., N_q)
     M = np.where(np.isneginf(M), 0.0, M)  # every part empty: keep exp() at 0, not NaN
-    w = np.exp(lse_parts - M)  # (S, ..., N_q)  exp(lse_i - M)
+    w = np.exp(lse_parts - M)  # (n_s, ..., N_q)  exp(lse_i - M)
     total = np.sum(w, axis=0)  # (..., N_q)
     with np.errstate(divide="ignore"):
         lse = np.where(total > 0, M + np.log(total), -np.inf)  # (C1)
-    weight = np.divide(w, total, out=np.zeros_like(w), where=total > 0)  # exp(lse_i - lse)  (S, ..., N_q)
+    weight = np.divide(w, total, out=np.zeros_like(w), where=total > 0)  # exp(lse_i - lse)  (n_s, ..., N_q)
     o = np.sum(weight[..., None] * o_parts, axis=0)  # (C2)  (..., N_q, d_v)
     return o, lse
 
@@ -473,7 +473,7 @@ def decode_split_kv(
     q : array (..., N_q, d), N_q small (1 for plain decoding)
     k : array (..., N_k, d), the long KV cache
     v : array (..., N_k, d_v)
-    num_splits : S >= 1; more splits than keys leaves some empty (lse_i = -inf).
+    num_splits : n_s >= 1; more splits than keys leaves some empty (lse_i = -inf).
     scale : tau; default 1/sqrt(d).
     causal : keyword only; bottom-right aligned (the N_q new tokens are the last keys).
 
@@ -483,13 +483,13 @@ def decode_split_kv(
     lse : array (..., N_q)
     """
     q, k, v = _check_qkv(q, k, v, np.float64)
-    S = positive_int("num_splits", num_splits)
+    n_s = positive_int("num_splits", num_splits)
     tau = _scale(scale, q.shape[-1])
     n_q, n_k = q.shape[-2], k.shape[-2]
-    chunk = -(-n_k // S)  # ceil(N_k / S) keys per split
+    chunk = -(-n_k // n_s)  # ceil(N_k / n_s) keys per split
     mask = causal_mask(n_q, n_k) if causal else np.ones((n_q, n_k), dtype=bool)  # (N_q, N_k)
     o_parts, lse_parts = [], []
-    for i in range(S):  # step 1: independent programs
+    for i in range(n_s):  # step 1: independent programs
         c = slice(min(i * chunk, n_k), min((i + 1) * chunk, n_k))
         s_i = tau * (q @ np.swapaxes(k[..., c, :], -1, -2))  # (..., N_q, chunk)
         s_i = np.where(mask[:, c], s_i, -np.inf)
@@ -502,15 +502,15 @@ def decode_split_kv(
 def split_heuristic(batch: int, heads: int, n_k: int, num_sms: int, block_n: int = 128) -> int:
     """A number of KV splits that fills the GPU, by the rule
 
-        S = min( ceil(num_sms / (batch * heads)),  ceil(n_k / block_n) )
+        n_s = min( ceil(num_sms / (batch * heads)),  ceil(n_k / block_n) )
 
-    i.e. the smallest S with batch * heads * S >= num_sms (one program per SM in the
+    i.e. the smallest n_s with batch * heads * n_s >= num_sms (one program per SM in the
     first wave), capped so that every split gets at least one block of ``block_n``
-    keys. S = 1 when batch * heads already covers the SMs.
+    keys. n_s = 1 when batch * heads already covers the SMs.
 
     flash-attn (``num_splits_heuristic``) refines this: no split when batch * heads *
-    query-blocks >= 0.8 num_sms, otherwise the smallest S whose wave efficiency
-    (waves / ceil(waves)) is within 85 % of the best S, skipping S that change no
+    query-blocks >= 0.8 num_sms, otherwise the smallest n_s whose wave efficiency
+    (waves / ceil(waves)) is within 85 % of the best n_s, skipping n_s that change no
     split's size. Both aim at the same thing: enough programs to occupy every SM, and
     no more, since every extra split writes one more (o_i, lse_i) to HBM.
     """
