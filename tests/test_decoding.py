@@ -148,9 +148,9 @@ def test_combine_matches_numpy_logsumexp():
     """lse = log2 sum_s 2^{lse_s} and o = sum_s 2^{lse_s - lse} o_s, with empty chunks (lse_s = -inf)
     contributing nothing and a row whose chunks are all empty giving o = 0, lse = -inf."""
     g = torch.Generator().manual_seed(7)
-    B, H, S, n_q, d = 2, 3, 5, 2, 40
-    o_parts = torch.randn(B, H, S, n_q, d, generator=g)
-    lse2_parts = 8 * torch.randn(B, H, S, n_q, generator=g)
+    B, H, n_s, n_q, d = 2, 3, 5, 2, 40
+    o_parts = torch.randn(B, H, n_s, n_q, d, generator=g)
+    lse2_parts = 8 * torch.randn(B, H, n_s, n_q, generator=g)
     lse2_parts[0, 1, 2:, 0] = float("-inf")  # some chunks empty
     lse2_parts[1, 2, :, 1] = float("-inf")  # every chunk empty
     o_parts[lse2_parts == float("-inf")] = 0.0  # what the split kernel writes for an empty chunk

@@ -25,9 +25,9 @@ writing its partial, each program counts itself in with an atomic add on a count
 tile of rows, and the program that arrives last (it reads NUM_SPLITS - 1) merges every
 split's partial for those rows and resets the counter to 0 for the next call. The atomic
 has acquire-release order, so all partials are visible to the last program. One launch
-instead of two: on the H200 a Triton launch costs the host ~40 us, as long as the GPU
-needs to stream a 64k-token cache of 8 heads, so at small shapes the launches set the
-time (chapter 9). ``fuse_combine=False`` launches the separate combine kernel below (one
+instead of two: on the H200 this cut the host's time per call from 197 to 89 us at B = 1,
+H = 8 and a 64k cache, where the GPU needs about 80 us, so the launches had set the time
+(results/decode_h200, chapter 9). ``fuse_combine=False`` launches the separate combine kernel below (one
 program per output row), which :func:`combine_splits` also exposes.
 
 GQA packs a head group into one tile. The GROUP = H / H_kv query heads that share a K/V
@@ -52,7 +52,7 @@ Two cache layouts:
                  elements stays contiguous, so gathered loads are still coalesced.
 
 Glossary: n_q = new query tokens per sequence (新词元数); seqlen = valid cache length
-(缓存有效长度); split = chunk of keys handled by one program (键分块); GROUP = query
+(缓存有效长度); split = chunk of keys handled by one program (切分); GROUP = query
 heads per K/V head (分组); page = fixed-size block of the cache pool (页); block_table =
 logical page -> physical page (页表); lse = log-sum-exp, here in log2 units.
 """
@@ -277,8 +277,8 @@ def combine_splits(o_parts: torch.Tensor, lse2_parts: torch.Tensor,
 
     Parameters
     ----------
-    o_parts : (B, H, S, n_q, d) float32, each chunk's output normalised over that chunk
-    lse2_parts : (B, H, S, n_q) float32, each chunk's log-sum-exp in log2 units (-inf: empty chunk)
+    o_parts : (B, H, n_s, n_q, d) float32, each of the n_s chunks' output normalised over that chunk
+    lse2_parts : (B, H, n_s, n_q) float32, each chunk's log-sum-exp in log2 units (-inf: empty chunk)
     dtype : dtype of the returned output
 
     Returns
@@ -287,7 +287,7 @@ def combine_splits(o_parts: torch.Tensor, lse2_parts: torch.Tensor,
     lse2 : (B, H, n_q) float32, lse = log2 sum_s 2^{lse_s}
     """
     if o_parts.dim() != 5 or o_parts.dtype != torch.float32:
-        raise ValueError(f"o_parts must be a 5-D float32 tensor (B, H, S, n_q, d); got shape {tuple(o_parts.shape)}, dtype {o_parts.dtype}")
+        raise ValueError(f"o_parts must be a 5-D float32 tensor (B, H, n_s, n_q, d); got shape {tuple(o_parts.shape)}, dtype {o_parts.dtype}")
     if lse2_parts.shape != o_parts.shape[:4] or lse2_parts.dtype != torch.float32:
         raise ValueError(f"lse2_parts must be float32 of shape {tuple(o_parts.shape[:4])} (o_parts without d); "
                          f"got shape {tuple(lse2_parts.shape)}, dtype {lse2_parts.dtype}")
@@ -334,7 +334,7 @@ def choose_num_splits(programs: int, key_blocks: int, num_sms: int = DEFAULT_NUM
     is within 85 % of the best — flash-attn's ``num_splits_heuristic`` (flash_api.cpp): few
     splits (less combine work) unless more of them fill the last wave much better.
     Example: B = 4, H_kv = 8, n_q·GROUP <= 64 on 132 SMs: 32 programs, s = 8 -> 256 programs.
-    (The rule has not yet been timed against other split counts in a recorded run.)
+    results/decode_h200 times the choice against 1 to 128 splits at four shapes (chapter 9).
     """
     programs, key_blocks, num_sms = (positive_int(n, x) for n, x in
                                      (("programs", programs), ("key_blocks", key_blocks), ("num_sms", num_sms)))
