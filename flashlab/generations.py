@@ -19,8 +19,8 @@ Sources
    Kernel Pipelining Co-Design for Asymmetric Hardware Scaling.* 2026.
    arXiv:2603.05451.
 
-The headline numbers are the papers' own, as collected in the seed book's chapter
-summaries (§2.4, §3.5, §4.7, §5.8) and its epilogue table. ``utilisation`` is the
+The headline numbers are the papers' own (book/seed_numbers.md lists where the
+book's seed documents quote each of them). ``utilisation`` is the
 share of the GPU's dense 16-bit tensor-core peak that the paper reports for the
 forward pass, as a (low, high) range; for version 1 it is the figure the
 FlashAttention-2 paper gives for its predecessor. ``headline_flops`` is the FLOP/s
@@ -41,11 +41,14 @@ FLOP/s divided by peak FLOP/s (利用率); HBM = the GPU's off-chip memory (高�
 
 from __future__ import annotations
 
+import html
+import textwrap
 from dataclasses import dataclass
 
 from .hardware import GPU, GPUS
 
-__all__ = ["Generation", "GENERATIONS", "get", "PaperMeasurement", "FA1_GPT2", "FA1_GPT2_SHAPE", "FA1_GPT2_SOURCE"]
+__all__ = ["Generation", "GENERATIONS", "get", "speed", "table_rows", "table", "sources",
+           "PaperMeasurement", "FA1_GPT2", "FA1_GPT2_SHAPE", "FA1_GPT2_SOURCE"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ GENERATIONS: tuple[Generation, ...] = (
         headline="HBM traffic 9x lower; GPT-2 attention 5.7x faster",
         source=(
             "FlashAttention paper, Fig. 2 (left): GPT-2 medium attention, N=1024, forward+backward "
-            "on A100: 40.3 GB vs 4.4 GB of HBM traffic, 41.7 ms vs 7.3 ms; as quoted in the seed book §2.4"
+            "on A100: 40.3 GB vs 4.4 GB of HBM traffic, 41.7 ms vs 7.3 ms"
         ),
         utilisation=(0.25, 0.40),
         utilisation_source="FlashAttention-2 paper, §1: FlashAttention reaches only 25-40% of the A100's peak FLOP/s",
@@ -137,7 +140,7 @@ GENERATIONS: tuple[Generation, ...] = (
         bottleneck="poor division of labour",
         answer="fewer non-matmul FLOPs; parallel over the sequence; split Q across warps",
         headline="~2x FlashAttention; 50–73% of A100 peak",
-        source="FlashAttention-2 paper, abstract and §4; as quoted in the seed book §3.5",
+        source="FlashAttention-2 paper, abstract and §4",
         utilisation=(0.50, 0.73),
         utilisation_source="FlashAttention-2 paper, abstract: 50-73% of the theoretical maximum FLOP/s on A100",
     ),
@@ -152,7 +155,7 @@ GENERATIONS: tuple[Generation, ...] = (
         bottleneck="units waiting on each other",
         answer="warp specialisation, ping-pong and intra-warpgroup pipelining; FP8",
         headline="740 TFLOP/s FP16 (≈75% of H100); ≈1.2 PFLOP/s FP8",
-        source="FlashAttention-3 paper, abstract and §4; as quoted in the seed book §4.7",
+        source="FlashAttention-3 paper, abstract and §4",
         utilisation=(0.75, 0.75),
         utilisation_source="FlashAttention-3 paper, abstract: 740 TFLOP/s FP16, 75% utilisation of H100",
         headline_flops=740e12,
@@ -169,7 +172,7 @@ GENERATIONS: tuple[Generation, ...] = (
         bottleneck="the exponential unit and shared memory did not scale with the tensor cores",
         answer="software exp2 on the FMA units; conditional rescaling; TMEM and 2-CTA backward",
         headline="1613 TFLOP/s BF16 on B200 (71% of peak)",
-        source="FlashAttention-4 paper, abstract; as quoted in the seed book §5.8",
+        source="FlashAttention-4 paper, abstract",
         utilisation=(0.71, 0.71),
         utilisation_source="FlashAttention-4 paper, abstract: 1613 TFLOP/s BF16 on B200, 71% utilisation",
         headline_flops=1613e12,
@@ -184,6 +187,69 @@ def get(number: int) -> Generation:
         if generation.number == number:
             return generation
     raise ValueError(f"number must be one of {[g.number for g in GENERATIONS]}; got {number!r}")
+
+
+def speed(generation: Generation) -> str:
+    """The generation's reported speed in TFLOP/s, with its share of the GPU's peak.
+
+    FlashAttention-3 and -4 quote FLOP/s in their abstracts: divide by the dense peak of
+    the input type they were measured in (``headline_flops / peak``), e.g. "740 (75%)".
+    Versions 1 and 2 quote a share of the 16-bit peak: multiply it back into TFLOP/s,
+    e.g. "156–228 (50%–73%)" for 50-73 % of the A100's 312 TFLOP/s."""
+    gpu = generation.hardware
+    if generation.headline_flops:
+        share = generation.headline_flops / gpu.peak_flops(generation.headline_dtype)
+        return f"{generation.headline_flops / 1e12:.0f} ({share:.0%})"
+    lo, hi = generation.utilisation
+    peak = gpu.peak_flops("bf16")
+    return f"{lo * peak / 1e12:.0f}–{hi * peak / 1e12:.0f} ({lo:.0%}–{hi:.0%})"
+
+
+def table_rows(with_hardware: bool = True) -> list[list[str]]:
+    """The four generations as rows of strings, the first row being the header.
+
+    Columns: number, paper (year), GPU, [16-bit peak · HBM bandwidth,] what held it back,
+    the answer, the quoted result, and :func:`speed`. ``with_hardware`` adds the column
+    computed from :mod:`flashlab.hardware`: the GPU's dense 16-bit tensor-core peak and
+    its memory bandwidth."""
+    header = ["", "paper", "GPU"] + (["16-bit peak · HBM"] if with_hardware else []) + [
+        "what held it back", "the answer", "result (quoted)", "TFLOP/s (share of peak)"]
+    rows = [header]
+    for g in GENERATIONS:
+        gpu = g.hardware
+        hardware = [f"{gpu.peak_flops('bf16') / 1e12:.0f} TFLOP/s · {gpu.hbm_bandwidth / 1e12:.2f} TB/s"]
+        rows.append([str(g.number), f"{g.version} ({g.year})", gpu.name.split()[0]]
+                    + (hardware if with_hardware else []) + [g.bottleneck, g.answer, g.headline, speed(g)])
+    return rows
+
+
+def table(with_hardware: bool = True, fmt: str = "markdown") -> str:
+    """The four-generation table of the epilogue as one string, ready for
+    ``IPython.display.Markdown`` (``fmt="markdown"``) or ``IPython.display.HTML``
+    (``fmt="html"``). The cells are :func:`table_rows`; :func:`sources` says where each
+    quoted result comes from."""
+    if fmt not in ("markdown", "html"):
+        raise ValueError(f"fmt must be 'markdown' or 'html'; got {fmt!r}")
+    header, *body = table_rows(with_hardware)
+    if fmt == "html":
+        def tr(row: list[str], tag: str) -> str:
+            return "<tr>" + "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in row) + "</tr>"
+
+        return "<table>" + tr(header, "th") + "".join(tr(row, "td") for row in body) + "</table>"
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header)] + [line(row) for row in body])
+
+
+def sources(width: int = 110) -> str:
+    """One note per generation: the paper (first author, year, arXiv identifier), where its
+    quoted result comes from, and where its share of peak comes from; wrapped at ``width``."""
+    return "\n".join(
+        textwrap.fill(f"[{g.number}] {g.short_authors} ({g.year}), arXiv:{g.arxiv}. Result: {g.source}. "
+                      f"Share of peak: {g.utilisation_source}.", width, subsequent_indent="    ")
+        for g in GENERATIONS)
 
 
 @dataclass(frozen=True)
@@ -202,8 +268,7 @@ class PaperMeasurement:
 
 FA1_GPT2_SOURCE = (
     "FlashAttention paper (Dao et al., 2022), Fig. 2 (left): attention of GPT-2 medium "
-    "(sequence length 1024, head dimension 64, 16 heads, batch size 64), forward + backward on an A100; "
-    "as quoted in the seed book §2.4"
+    "(sequence length 1024, head dimension 64, 16 heads, batch size 64), forward + backward on an A100"
 )
 FA1_GPT2_SHAPE: dict[str, int] = {"batch": 64, "heads": 16, "N": 1024, "d": 64}
 FA1_GPT2: dict[str, PaperMeasurement] = {

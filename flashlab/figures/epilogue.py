@@ -6,7 +6,7 @@ the GPU of each generation. Each model answers one question: *if this unit were 
 only limit, how long would the pass take?* Every answer is divided by the time the
 tensor cores need for the pass's matmul FLOPs at their dense peak, so
 
-    1      = as slow as the tensor cores themselves (the goal),
+    1      = as slow as the tensor cores themselves (the best a pass can do),
     above  = this unit holds the tensor cores back,
     below  = this unit has slack.
 

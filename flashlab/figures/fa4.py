@@ -1,10 +1,11 @@
-"""Figures 8-10: FlashAttention-4's cycle budget, software exp2 and conditional rescaling.
+"""Chapter 7's figures: FlashAttention-4's cycle budget, software exp2, conditional rescaling.
 
-Figure 8 draws the cycles per 128 x 128 x 128 tile from :mod:`flashlab.cycles`;
-figure 9 the software exp2 pipeline and its error from
-:mod:`flashlab.reference.softexp`; figure 10 the running and reference maxima of a
-row from :mod:`flashlab.reference.rescale`; ``variants_h200`` the two tricks measured on
-an H200 (``results/fa4_variants_h200``). Colours: Okabe-Ito.
+Figure 7.1 (``cycles_per_tile``) draws the cycles per 128 x 128 x 128 tile from
+:mod:`flashlab.cycles`; figure 7.2 (``software_exp2``) the software exp2 pipeline and its
+error from :mod:`flashlab.reference.softexp`; figure 7.3 (``conditional_rescaling``) the
+running and reference maxima of a row from :mod:`flashlab.reference.rescale`; figure 7.4
+(``variants_h200``) the two tricks measured on an H200 (``results/fa4_variants_h200``).
+Colours: Okabe-Ito.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def software_exp2(degree: int = 3) -> Figure:
 
 def conditional_rescaling(threshold: float = 8.0, block_size: int = 4) -> Figure:
     """Seed figure 10: a row's running max over blocks, and the reference max that moves
-    only when a block exceeds it by more than tau. Rescale events are marked."""
+    only when a block exceeds it by more than theta. Rescale events are marked."""
     row = rescale.staircase_row(block_size=block_size)
     eager = rescale.trace_row(row, 0.0, block_size)
     lazy = rescale.trace_row(row, threshold, block_size)
@@ -158,13 +159,13 @@ def conditional_rescaling(threshold: float = 8.0, block_size: int = 4) -> Figure
 
 def _variant_rows(rec, d: int, N: int, causal: bool) -> tuple[list[tuple[float, float, int]], dict, dict]:
     """(realised fraction, ms, MUFU.EX2 count) of the fa4 variant without conditional rescaling,
-    sorted by fraction, and the tau = 8 row and the base row, for one shape."""
+    sorted by fraction, and the theta = 8 row and the base row, for one shape."""
     rows = rec.where(d=d, N=N, causal=causal)
     polys = sorted((r["poly_realised"], r["ms"], r["mufu_ex2_sass"]) for r in rows
                    if r["variant"] == "fa4" and r["threshold"] == "")
-    tau = next(r for r in rows if r["variant"] == "fa4" and r["threshold"] != "")
+    theta_row = next(r for r in rows if r["variant"] == "fa4" and r["threshold"] != "")
     base = next(r for r in rows if r["variant"] == "base")
-    return polys, tau, base
+    return polys, theta_row, base
 
 
 def variants_h200(stem: str = "fa4_variants_h200", d: int = 128) -> Figure:
@@ -172,7 +173,7 @@ def variants_h200(stem: str = "fa4_variants_h200", d: int = 128) -> Figure:
 
     Left: forward time relative to the fa4 variant at poly fraction 0 (hardware exp2 only),
     against the realised polynomial fraction, for N = 16384 (solid) and 4096 (dashed),
-    non-causal and causal; the tau = 8 runs (conditional rescaling, fraction 0) as stars in
+    non-causal and causal; the theta = 8 runs (conditional rescaling, fraction 0) as stars in
     a column of their own, and the cycle model's prediction for Hopper (no change: the tile
     is MMA-bound) as a grey line. Right: MUFU.EX2 instructions in the compiled SASS against
     the fraction, beside 4 + 128 (1 - fraction) (128 exponentials of P per tile, 4 rescale
@@ -184,20 +185,20 @@ def variants_h200(stem: str = "fa4_variants_h200", d: int = 128) -> Figure:
     rec = load(stem)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11.5, 4.6), layout="constrained", width_ratios=[1.5, 1])
     fractions = [0, 1 / 8, 1 / 4, 1 / 2]
-    tau_x = 0.66  # the column of the tau = 8 runs, right of the fraction axis
+    theta_x = 0.66  # the column of the theta = 8 runs, right of the fraction axis
     a.axhline(1.0, color=GREY, lw=1.2, ls=":", label="cycle model, H200: MMA-bound, no change")
     a.axvline(0.58, color="0.8", lw=0.8)
     for causal, colour, dx in ((False, BLUE, -0.025), (True, VERMILLION, 0.025)):
         for N, ls in ((16384, "-"), (4096, "--")):
-            polys, tau, _ = _variant_rows(rec, d, N, causal)
+            polys, theta_row, _ = _variant_rows(rec, d, N, causal)
             rel = [p[1] / polys[0][1] for p in polys]
             kind = "causal" if causal else "non-causal"
             big = N == 16384
             a.plot([p[0] for p in polys], rel, ls, color=colour, marker="o", ms=5, lw=1.7 if big else 1.0,
                    label=f"{kind}, N = {N}")
-            a.plot(tau_x + dx, tau["ms"] / polys[0][1], "*", color=colour, ms=14 if big else 9,
+            a.plot(theta_x + dx, theta_row["ms"] / polys[0][1], "*", color=colour, ms=14 if big else 9,
                    alpha=1.0 if big else 0.55)
-    a.set_xticks(fractions + [tau_x], ["0", "1/8", "1/4", "1/2", "θ = 8\n(fraction 0)"])
+    a.set_xticks(fractions + [theta_x], ["0", "1/8", "1/4", "1/2", "θ = 8\n(fraction 0)"])
     a.set_xlabel("share of each P tile's exponentials computed by the cubic (realised)")
     a.set_ylabel("time / time at fraction 0 (same kernel)")
     a.set_title(f"Forward time, d = {d}, bf16: both tricks are slower on Hopper", loc="left", fontsize=10.5)
