@@ -175,7 +175,7 @@ def test_attention_entry_point_and_errors():
 
 
 # ------------------------------------------------------------------ figures
-@pytest.mark.parametrize("stem", ["fig08_cycles_per_tile", "fig09_software_exp2", "fig10_conditional_rescaling"])
+@pytest.mark.parametrize("stem", ["cycles_per_tile", "software_exp2", "conditional_rescaling"])
 def test_fa4_figures_draw(stem):
     assert FIGURES[stem].startswith("fa4:")
     fig = get(stem)()

@@ -19,26 +19,26 @@ from matplotlib.figure import Figure
 
 __all__ = ["FIGURES", "get", "save", "save_all"]
 
-# stem -> "submodule:function", in book order (the seed book's figure numbers where they have one)
+# stem -> "submodule:function", in book order (named by content; chapters number their figures N.k)
 FIGURES: dict[str, str] = {
-    "fig01_timeline": "timeline:timeline",
-    "fig02_memory_pyramid": "memory:memory_pyramid",
-    "fig03_dataflow": "tiling:dataflow",
-    "fig04_online_softmax": "online_softmax:online_softmax_example",
-    "fig05_tiling": "tiling:tiling",
+    "timeline": "timeline:timeline",
+    "memory_pyramid": "memory:memory_pyramid",
+    "dataflow": "tiling:dataflow",
+    "online_softmax_example": "online_softmax:online_softmax_example",
+    "tiling": "tiling:tiling",
     "roofline_h200": "memory:roofline",
     "naive_vs_fused_h200": "memory:naive_vs_fused_h200",
     "io_vs_n": "io:io_vs_n",
     "io_vs_m": "io:io_vs_m",
-    "fig06_warp_split": "fa2:warp_split",
+    "warp_split": "fa2:warp_split",
     "occupancy_waves": "fa2:occupancy_waves",
     "flashlab_vs_peers_h200": "fa2:bench_h200",
     "grid_v1_v2_h200": "fa2:grid_measured_vs_predicted",
-    "fig08_cycles_per_tile": "fa4:cycles_per_tile",
-    "fig09_software_exp2": "fa4:software_exp2",
-    "fig10_conditional_rescaling": "fa4:conditional_rescaling",
+    "cycles_per_tile": "fa4:cycles_per_tile",
+    "software_exp2": "fa4:software_exp2",
+    "conditional_rescaling": "fa4:conditional_rescaling",
     "fa4_variants_h200": "fa4:variants_h200",
-    "fig07_pingpong": "fa3:pingpong",
+    "pingpong": "fa3:pingpong",
     "schedules_utilisation": "fa3:schedules_utilisation",
     "fp8_incoherent": "fa3:fp8_incoherent",
     "pipelining_h200": "fa3:pipelining_h200",
