@@ -1,6 +1,6 @@
 """Tile-cycle model: how many clock cycles each unit of one SM needs for one attention tile.
 
-FlashAttention-4 (Zadouri et al., 2026, §2-3; seed book §5.2, §5.6, figure 8) starts
+FlashAttention-4 (Zadouri et al., 2026, §2-3) starts
 with a "feeds and speeds" count. For one tile (a Q block of Br rows against a K/V
 block of Bc rows, head dimension d) each unit of an SM needs
 
@@ -20,12 +20,12 @@ Blackwell (tcgen05.mma) the accumulator lives in TMEM, the B operand is always r
 from SMEM, and the A operand from SMEM or TMEM. On Hopper, read "tmem" as
 "registers" (wgmma takes A from registers or SMEM), so the same table applies.
 
-The backward operand table is our reconstruction: the seed quotes only the totals
+The backward operand table is our reconstruction: the sources give only the totals
 (3328 SMEM cycles, 2688 with 2-CTA, 2560 MMA cycles for B200, Br = Bc = d = 128).
 The table below is the simplest assignment consistent with FA4's dataflow that
 reproduces both totals from bytes and rates; treat the individual rows as a model.
 
-2-CTA mode (seed §5.6): two CTAs on neighbouring SMs run one M = 256 MMA together;
+2-CTA mode (FlashAttention-4 paper): two CTAs on neighbouring SMs run one M = 256 MMA together;
 each CTA keeps its own A (its 128 rows) and holds half of B, so each SM reads half of
 every B operand.
 

@@ -160,7 +160,7 @@ _REGISTERS = (
     "CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability': "
     "64K 32-bit registers per SM = 256 KB"
 )
-_FA4_TABLE = "FlashAttention-4 paper (Zadouri et al., 2026), per-SM per-cycle resource table, as quoted in the seed book §5.1"
+_FA4_TABLE = "FlashAttention-4 paper (Zadouri et al., 2026), per-SM per-cycle resource table"
 
 A100 = GPU(
     name="A100",
@@ -323,7 +323,7 @@ B300 = replace(
         "tensor_flops": "NVIDIA HGX B300 datasheet: dense FP16/BF16 2.25 PFLOPS, FP8 4.5 PFLOPS per GPU (as B200)",
         "fp32_flops": "NVIDIA HGX B300 datasheet: 75 TFLOPS FP32 per GPU",
         "clock_hz": "derived: 2250 TFLOPS / (160 SMs x 8192 FLOPs/cycle)",
-        "mufu_exp_per_cycle": "FlashAttention-4 paper, as quoted in the seed book §5.8: B300 doubles MUFU exp to 32 per SM per cycle",
+        "mufu_exp_per_cycle": "FlashAttention-4 paper (Zadouri et al., 2026): B300 doubles MUFU exp to 32 per SM per cycle",
         "tmem_per_sm": "'Inside NVIDIA Blackwell Ultra': 256 KB TMEM per SM (40 MB over 160 SMs)",
         "sram_bandwidth": "derived: 160 SMs x 128 B/cycle x clock",
     },

@@ -2,7 +2,7 @@
 
 Chapter 2's online softmax keeps (m, l, o_tilde) with m the running max, and every
 time a block raises m it rescales l and o_tilde by 2^(m_old - m_new). FlashAttention-4
-(Zadouri et al., 2026, §3.2; seed book §5.4) notices that m only has to be *close to*
+(Zadouri et al., 2026, §3.2) notices that m only has to be *close to*
 the max: subtracting it exists to stop 2^(s - m) from overflowing. So the state keeps a
 reference max m_ref and moves it only when a block's max exceeds it by more than a
 threshold theta (log2 units; FA4 uses theta = 8, a factor 2^8 = 256):

@@ -1,6 +1,6 @@
 """Software exp2: 2^x from additions, multiplications and integer bit tricks.
 
-FlashAttention-4 (Zadouri et al., 2026, §3.1; seed book §5.3) computes part of the
+FlashAttention-4 (Zadouri et al., 2026, §3.1) computes part of the
 softmax exponentials on the FMA units instead of the special-function unit (MUFU),
 whose throughput did not grow from Hopper to Blackwell. The recipe is Cody-Waite
 range reduction followed by a short polynomial:
