@@ -152,6 +152,20 @@ def test_tma_loads_match_pointer_loads(n_q, n_k, causal, blocks):
     assert torch.equal(o_tma, o_ptr)
 
 
+@runs_somewhere
+@needs_fp8
+@pytest.mark.parametrize("causal", [False, True])
+def test_warp_specialised_loop_gives_the_same_answer(causal):
+    """warp_specialize only changes how Triton schedules the unmasked key loop, not what it computes."""
+    n = 64 * SIZE
+    q, k, v = (_randn(1, 2, n, 32, seed=s) for s in (7, 8, 9))
+    pre = quantize_qkv(q, k, v, block=16 * SIZE)
+    config = (16, 16, 4, 1) if INTERPRET else (128, 64, 4, 3)
+    o_ws = flash_attention_fp8(**pre, causal=causal, config=config, warp_specialize=True)
+    o = flash_attention_fp8(**pre, causal=causal, config=config, warp_specialize=False)
+    assert (o_ws.float() - o.float()).abs().max().item() <= 2**-7 * max(1.0, o.float().abs().max().item())
+
+
 def test_tma_eligibility():
     k = torch.zeros(1, 2, 64, 32, dtype=kfp8.FP8_DTYPE, device=DEVICE)
     v_keys = k.transpose(-2, -1).contiguous().transpose(-2, -1)
@@ -299,6 +313,7 @@ GOOD = (_fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16))
         (GOOD, {"v_block": 24, "v_descale": torch.ones(1, 2, 1)}, ValueError, ["v_block must be a multiple of the kernel's BLOCK_N", "24"]),
         (GOOD, {"out_dtype": torch.int8}, TypeError, ["out_dtype must be"]),
         (GOOD, {"causal": "yes"}, TypeError, ["causal must be a bool"]),
+        (GOOD, {"warp_specialize": 1}, TypeError, ["warp_specialize must be a bool", "int"]),
     ],
 )
 def test_bad_input(args, kwargs, exc, words):

@@ -132,9 +132,10 @@ TILE_NS = (4096, 8192, 16384)
 
 
 def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tma: bool = False,
-               timed: bool = False) -> dict[str, object]:
+               ws: bool = False, timed: bool = False) -> dict[str, object]:
     """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
-    descale blocks of ``block`` rows and K/V loads through TMA or pointers; timed if asked.
+    descale blocks of ``block`` rows, K/V loads through TMA or pointers, and Triton's warp
+    specialisation of the key loop (``ws``) on or off; timed if asked.
     ``config=None``: flashlab's bf16 forward as users get it (autotuned, its default loads)."""
     from ..kernels import flash_attention
     from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
@@ -146,12 +147,12 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tma
     if config is None:
         fn = lambda: flash_attention(q, k, v)  # noqa: E731
         row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "", "block": "",
-               "tma": ""}
+               "tma": "", "warp_specialize": ""}
     else:
         pre = quantize_qkv(q, k, v, block=block)
-        fn = lambda: flash_attention_fp8(**pre, config=config, tma=tma)  # noqa: E731
+        fn = lambda: flash_attention_fp8(**pre, config=config, tma=tma, warp_specialize=ws)  # noqa: E731
         row = {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-               "warps": config[2], "stages": config[3], "block": block, "tma": tma}
+               "warps": config[2], "stages": config[3], "block": block, "tma": tma, "warp_specialize": ws}
     row.update(d=d, N=n, B=B, H=H)
     try:
         with torch.no_grad():
@@ -170,14 +171,15 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tma
 
 
 def tiles(out: Path) -> list[Path]:
-    """The FP8 kernel's speed across tile configurations (TILE_CONFIGS) with pointer and TMA
-    loads, descale blocks of 128 rows (256 where BLOCK_N = 256), beside flashlab's autotuned
+    """The FP8 kernel's speed across tile configurations (TILE_CONFIGS) with pointer loads, TMA
+    loads, and TMA with warp specialisation, descale blocks of 128 rows (256 where BLOCK_N = 256), beside flashlab's autotuned
     bf16 forward in the same process: which lever moves FP8 toward 1.5x bf16. Configurations
     are compiled in parallel first."""
     require_gpu()
     from . import precompile
 
-    cases = [(c, max(128, c[1]), n, tma) for n in TILE_NS for c in TILE_CONFIGS for tma in (False, True)]
+    cases = [(c, max(128, c[1]), n, tma, ws) for n in TILE_NS for c in TILE_CONFIGS
+             for tma, ws in ((False, False), (True, False), (True, True))]
     precompile([("flashlab.experiments.fp8:_tile_case", case) for case in cases if case[2] == TILE_NS[0]])
     rows = []
     for n in TILE_NS:
