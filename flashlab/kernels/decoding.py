@@ -361,7 +361,8 @@ def _locks(device: torch.device, n: int) -> torch.Tensor:
     """A zeroed int32 buffer of at least ``n`` arrival counters for the fused combine, one per
     (device, stream), kept between calls: each call leaves it zeroed again (the last program
     of every tile resets its counter), so no per-call memset is needed. Per stream, because two
-    calls running at once on different streams must not count into the same counters."""
+    calls running at once on different streams must not count into the same counters. A CUDA
+    graph keeps the buffer it was captured with: replay one such graph on one stream at a time."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     buf = _LOCKS.get(key)
