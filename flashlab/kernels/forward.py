@@ -44,10 +44,11 @@ from ._common import (
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
                                (128, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4)]
 WIDE_CANDIDATES: list[Candidate] = [(64, 32, 4, 2), (64, 64, 8, 2)]  # d = 256: Q, K, V tiles of 256 columns
-# tma=None uses TMA only from this many keys on. On the H200 (results/nvidia-h200/bench) TMA lifted
-# the d = 128 forward at N >= 1024 (N = 1024: 444 TFLOP/s against 392 with pointer loads) but cut it
-# at N = 512 (214 against 315): each launch encodes two descriptors, and with 4 key tiles per
-# program there is little loop left to gain on.
+# tma=None uses TMA only from this many keys on. On the H200 the d = 128 forward with TMA at every
+# length ran at 214 TFLOP/s at N = 512, 0.70x SDPA flash (results/bench_tma_all_lengths_h200), against
+# 307 with pointer loads, 1.02x (results/nvidia-h200/bench); from N = 1024 on TMA was faster. Likely
+# reason (not profiled): each launch encodes two descriptors, and with 4 key tiles per program there
+# is little loop left to gain on.
 TMA_MIN_KEYS = 1024
 
 
