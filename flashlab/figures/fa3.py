@@ -202,7 +202,7 @@ def fp8_speed_h200(stem: str = "fp8_bench_h200", tiles_stem: str = "fp8_tiles_h2
     """Forward TFLOP/s against N at head dimension d for flashlab bf16, flashlab FP8 (with and
     without the quantisation timed) and torch SDPA flash; non-causal (left) and causal (right).
     The thin dotted line is 1.5x flashlab's bf16 forward, the most FP8 can gain over it in the
-    producer/consumer model of the chapter. Open markers (non-causal only) are the later run
+    producer/consumer model of the chapter. Open markers (non-causal only) are the run with TMA loads
     ``tiles_stem``: bf16 as users call it (TMA loads by default) and the fastest FP8 tile."""
     rec, later = results.load(stem), results.load(tiles_stem)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True, layout="constrained")
@@ -213,10 +213,10 @@ def fp8_speed_h200(stem: str = "fp8_bench_h200", tiles_stem: str = "fp8_tiles_h2
         bf16 = sorted((r["N"], r["tflops"]) for r in rec.where(impl="flashlab", d=d, causal=causal))
         ax.plot([n for n, _ in bf16], [1.5 * t for _, t in bf16], ":", color=COLOURS[0], lw=1,
                 label="1.5 × flashlab bf16 (producer/consumer model's FP8 gain)")
-        if not causal:  # the later run: non-causal only
+        if not causal:  # the run with TMA loads: non-causal only
             for impl, (label, colour, marker) in {
-                    "flashlab": ("bf16 with TMA loads (later run)", COLOURS[0], "o"),
-                    "flashlab_fp8": ("FP8, fastest fixed tile (later run)", COLOURS[2], "^")}.items():
+                    "flashlab": ("bf16 (TMA loads)", COLOURS[0], "o"),
+                    "flashlab_fp8": ("FP8, fastest fixed tile (TMA loads)", COLOURS[2], "^")}.items():
                 pts = sorted({n: max(r["tflops"] for r in later.where(impl=impl, d=d, N=n))
                               for n in later.column("N", impl=impl, d=d)}.items())
                 ax.plot(*zip(*pts), "--", color=colour, marker=marker, mfc="white", ms=6, lw=1.2, label=label)
