@@ -5,7 +5,7 @@ The book runs at the highest of four tiers the machine offers:
 1. NumPy reference            — everywhere
 2. Triton under the interpreter (TRITON_INTERPRET=1) — CPU, small sizes
 3. Triton on a CUDA GPU       — correctness and timing
-4. Hopper paths (TMA, warpgroup MMA, warp specialisation, FP8 tensor cores) — compute
+4. Hopper-only switches (TMA loads, warp specialisation, FP8) — compute
    capability 9.0 exactly (H100, H200). Newer GPUs are not assumed to behave like Hopper
    (Blackwell replaces warpgroup MMA with tcgen05): they run tier 3.
 
@@ -25,7 +25,7 @@ TIERS = {
     1: "NumPy reference (float64, any machine)",
     2: "Triton interpreter on the CPU (small sizes)",
     3: "Triton on a CUDA GPU",
-    4: "Hopper paths (sm_90: TMA, warpgroup MMA, warp specialisation, FP8 tensor cores)",
+    4: "Hopper-only switches (sm_90: TMA loads, warp specialisation, FP8)",
 }
 
 

@@ -543,7 +543,7 @@ def fa2_order_io(N: int, d: int, block_q: int) -> int:
     return (2 + 2 * math.ceil(N / block_q)) * N * d
 
 
-def hbm_table(measured, peer=None, ns: tuple[int, ...] = (1024, 4096), sram_size: int | None = 32768) -> str:
+def hbm_table(measured, second_run=None, ns: tuple[int, ...] = (1024, 4096), sram_size: int | None = 32768) -> str:
     """HBM traffic of one attention layer in GB, fp16, from every source side by side.
 
     Columns: one forward (fwd) and one forward + backward (fwd+bwd) for each N in ``ns``.
@@ -557,8 +557,9 @@ def hbm_table(measured, peer=None, ns: tuple[int, ...] = (1024, 4096), sram_size
       for fwd+bwd also Q, K, V, O, dO read and dQ, dK, dV written once (8 N d more);
     - ``measured``: a recorded set with columns impl, pass, B, H, N, d, total_bytes
       (``results/hbm_bytes_h200``; impl naive, sdpa_flash, flashlab);
-    - ``peer`` (optional): a recorded set with columns impl, N, total_gb of fwd+bwd runs
-      (``results/hbm_bytes_gpt2medium_fwdbwd_h200``).
+    - ``second_run`` (optional): a second measurement of the same shape, a recorded set with
+      columns impl, N, total_gb of fwd+bwd runs that counted the whole process, input creation
+      included (``results/hbm_bytes_gpt2medium_fwdbwd_h200``).
 
     A dash marks a number no source gives.
     """
@@ -590,13 +591,13 @@ def hbm_table(measured, peer=None, ns: tuple[int, ...] = (1024, 4096), sram_size
                   [all_heads_gb(k * n * shapes[n][2], n) for n in ns for k in (4, 12)]))
     for impl, name in names.items():
         table.append(("our H200", name, [measured_gb(impl, n, p) for n in ns for p in ("fwd", "fwdbwd")]))
-    if peer is not None:
+    if second_run is not None:
         for impl in ("naive", "sdpa_flash"):
-            rows = [r for r in peer.rows if r["impl"] == impl]
+            rows = [r for r in second_run.rows if r["impl"] == impl]
             cells = [c for n in ns for c in ("—", next((f"{r['total_gb']:.2f}" for r in rows if r["N"] == n), "—"))]
-            table.append(("peer script, H200", names[impl], cells))
-    second = {"simulator": f"(M = {sram_size or 0:,})", "our H200": "(Nsight Compute)",
-              "peer script, H200": "(with inputs)"}  # the second row of a group names its source
+            table.append(("second measurement", names[impl], cells))
+    subtitle = {"simulator": f"(M = {sram_size or 0:,})", "our H200": "(Nsight Compute)",
+                "second measurement": "(with inputs)"}  # the second row of a group names its source
     _, H, d = shapes[ns[0]]
     lines = [f"HBM traffic of one attention layer in GB (fp16, {H} heads, d = {d})",
              f"{'':42}" + "".join(f"{f'N = {n}, batch {shapes[n][0]}':>20}" for n in ns),
@@ -604,6 +605,6 @@ def hbm_table(measured, peer=None, ns: tuple[int, ...] = (1024, 4096), sram_size
     for k, (group, name, cells) in enumerate(table):
         first = k == 0 or table[k - 1][0] != group
         second_row = not first and (k < 2 or table[k - 2][0] != group)
-        label = group if first else second.get(group, "") if second_row else ""
-        lines.append(f"{label:<19}{name:<23}" + "".join(f"{c:>10}" for c in cells))
+        label = group if first else subtitle.get(group, "") if second_row else ""
+        lines.append(f"{label:<20}{name:<22}" + "".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)

@@ -22,8 +22,8 @@ def test_fa2_order_io_rejects_bad_sizes():
 
 def test_hbm_table_holds_every_source():
     measured = results.load("hbm_bytes_h200")
-    peer = results.load("hbm_bytes_gpt2medium_fwdbwd_h200")
-    text = memory.hbm_table(measured, peer)
+    second_run = results.load("hbm_bytes_gpt2medium_fwdbwd_h200")
+    text = memory.hbm_table(measured, second_run)
     assert "40.3" in text and "4.4" in text  # the paper's A100 figures, quoted
     for r in measured.rows:  # every measured total appears, in GB
         assert f"{r['total_bytes'] / 1e9:.2f}" in text
