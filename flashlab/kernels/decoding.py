@@ -27,8 +27,10 @@ split's partial for those rows and resets the counter to 0 for the next call. Th
 has acquire-release order, so all partials are visible to the last program. One launch
 instead of two: on the H200 this cut the host's time per call from 197 to 89 us at B = 1,
 H = 8 and a 64k cache, where the GPU needs about 80 us, so the launches had set the time
-(results/decode_h200, chapter 9). ``fuse_combine=False`` launches the separate combine kernel below (one
-program per output row), which :func:`combine_splits` also exposes.
+(results/decode_h200, chapter 9). ``fuse_combine=False`` launches a separate combine
+kernel (16 output rows per program), which :func:`combine_splits` also exposes; both merge
+through the same function, ``_merge_splits``. (The recorded separate-combine rows were
+measured with an earlier combine kernel, one program per output row.)
 
 GQA packs a head group into one tile. The GROUP = H / H_kv query heads that share a K/V
 head (Ainslie et al. 2023) read the same keys, so one program takes all of them: the
@@ -194,80 +196,74 @@ def _split_kernel(
         if arrived == NUM_SPLITS - 1:
             tl.atomic_xchg(lock, 0)  # reset: the next call starts from 0
             lse_rows = LSE_PART + off_b * stride_lb + offs_h * stride_lh + offs_i * stride_li  # (BLOCK_M,)
-            # (C1) lse = log2 sum_s 2^{lse_s}, as an online maximum and sum over the splits
-            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            total = tl.zeros([BLOCK_M], tl.float32)
-            for s in range(0, NUM_SPLITS):
-                lse_s = tl.load(lse_rows + s * stride_ls, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                m_new = tl.maximum(m, lse_s)
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split has seen a key yet: no NaN
-                total = total * tl.math.exp2(m - m_ref) + tl.math.exp2(lse_s - m_ref)
-                m = m_new
-            seen = total > 0
-            lse = tl.where(seen, m + tl.math.log2(tl.where(seen, total, 1.0)), float("-inf"))
-            lse_ref = tl.where(seen, lse, 0.0)
-            # (C2) o = sum_s 2^{lse_s - lse} o_s
-            out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
             o_rows = O_PART + off_b * stride_ob + offs_h[:, None] * stride_oh + offs_i[:, None] * stride_oi + offs_d[None, :] * stride_od
-            for s in range(0, NUM_SPLITS):
-                weight = tl.math.exp2(tl.load(lse_rows + s * stride_ls, mask=row_ok, other=float("-inf"),
-                                              cache_modifier=".cg") - lse_ref)
-                o_s = tl.load(o_rows + s * stride_os, mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
-                out += weight[:, None] * o_s
+            out, lse = _merge_splits(lse_rows, o_rows, stride_ls, stride_os, row_ok, d_ok, NUM_SPLITS, BLOCK_M, BLOCK_D)
             tl.store(LSE + (off_b * H_KV * GROUP + offs_h) * N_Q + offs_i, lse, mask=row_ok)
             f_ptrs = O + off_b * stride_fb + offs_h[:, None] * stride_fh + offs_i[:, None] * stride_fi + offs_d[None, :] * stride_fd
             tl.store(f_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-# --------------------------------------------------------------------------- combine kernel
+# --------------------------------------------------------------------------- combine
+@triton.jit
+def _merge_splits(lse_rows, o_rows, stride_ls, stride_os, row_ok, d_ok, NUM_SPLITS,
+                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the splits' partial results of BLOCK_R output rows: lse_rows (BLOCK_R,) points at
+    split 0's lse_s of each row, o_rows (BLOCK_R, BLOCK_D) at its o_s; split s lies stride_ls
+    (stride_os) further on. Returns (o, lse), lse in log2 units, -inf (and o = 0) for a row whose
+    every split is empty. Loads bypass L1 (.cg): in the fused combine other SMs wrote them."""
+    # (C1) lse = log2 sum_s 2^{lse_s}, as an online maximum and sum over the splits
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_R], tl.float32)
+    for s in range(0, NUM_SPLITS):
+        lse_s = tl.load(lse_rows + s * stride_ls, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        m_new = tl.maximum(m, lse_s)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split has seen a key yet: no NaN
+        total = total * tl.math.exp2(m - m_ref) + tl.math.exp2(lse_s - m_ref)
+        m = m_new
+    seen = total > 0
+    lse = tl.where(seen, m + tl.math.log2(tl.where(seen, total, 1.0)), float("-inf"))
+    lse_ref = tl.where(seen, lse, 0.0)
+    # (C2) o = sum_s 2^{lse_s - lse} o_s
+    out = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for s in range(0, NUM_SPLITS):
+        weight = tl.math.exp2(tl.load(lse_rows + s * stride_ls, mask=row_ok, other=float("-inf"),
+                                      cache_modifier=".cg") - lse_ref)
+        o_s = tl.load(o_rows + s * stride_os, mask=row_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+        out += weight[:, None] * o_s
+    return out, lse
+
+
 @triton.jit
 def _combine_kernel(
     O_PART, LSE_PART, O, LSE,
     stride_pb, stride_ph, stride_ps, stride_pi, stride_pd,  # O_PART (B, H, splits, n_q, d)
     stride_lb, stride_lh, stride_ls, stride_li,  # LSE_PART (B, H, splits, n_q)
     stride_ob, stride_oh, stride_oi, stride_od,  # O (B, H, n_q, d)
-    H, N_Q, NUM_SPLITS,
-    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
+    ROWS, H, N_Q, NUM_SPLITS,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    row = tl.program_id(0)  # one output row (b, h, i)
-    off_i = row % N_Q
-    off_b = row // N_Q // H
-    off_h = row // N_Q % H
-    lse_row = LSE_PART + off_b * stride_lb + off_h * stride_lh + off_i * stride_li
-    o_row = O_PART + off_b * stride_pb + off_h * stride_ph + off_i * stride_pi
+    """The separate combine: each program merges BLOCK_R of the B·H·n_q output rows (b, h, i)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < ROWS
+    off_i = rows % N_Q
+    off_h = rows // N_Q % H
+    off_b = rows // N_Q // H
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D_HEAD
-
-    # Pass 1: the total log-sum-exp from every chunk's (BLOCK_S >= NUM_SPLITS, padded with -inf).
-    offs_s = tl.arange(0, BLOCK_S)
-    lse_s = tl.load(lse_row + offs_s * stride_ls, mask=offs_s < NUM_SPLITS, other=float("-inf"))  # (BLOCK_S,)
-    m = tl.max(lse_s, 0)
-    m_ref = tl.where(m == float("-inf"), 0.0, m)  # every chunk empty: weights exp2(-inf) = 0, not NaN
-    total = tl.sum(tl.math.exp2(lse_s - m_ref), 0)
-    seen = total > 0
-    lse = tl.where(seen, m_ref + tl.math.log2(tl.where(seen, total, 1.0)), float("-inf"))  # (C1) lse = log2 sum_s 2^{lse_s}
-    lse_ref = tl.where(seen, lse, 0.0)
-
-    # Pass 2: the weighted sum of the partial outputs, CHUNK_S chunks at a time.
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, NUM_SPLITS, CHUNK_S):
-        s = s0 + tl.arange(0, CHUNK_S)
-        s_ok = s < NUM_SPLITS
-        weight = tl.math.exp2(tl.load(lse_row + s * stride_ls, mask=s_ok, other=float("-inf")) - lse_ref)  # 2^{lse_s - lse}
-        o_s = tl.load(o_row + s[:, None] * stride_ps + offs_d[None, :] * stride_pd,
-                      mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (CHUNK_S, BLOCK_D)
-        acc += tl.sum(weight[:, None] * o_s, 0)  # (C2) o = sum_s 2^{lse_s - lse} o_s
-    tl.store(LSE + off_b * H * N_Q + off_h * N_Q + off_i, lse)
-    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + off_i * stride_oi + offs_d * stride_od
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=d_ok)
+    lse_rows = LSE_PART + off_b * stride_lb + off_h * stride_lh + off_i * stride_li
+    o_rows = O_PART + off_b[:, None] * stride_pb + off_h[:, None] * stride_ph + off_i[:, None] * stride_pi + offs_d[None, :] * stride_pd
+    out, lse = _merge_splits(lse_rows, o_rows, stride_ls, stride_ps, row_ok, d_ok, NUM_SPLITS, BLOCK_R, BLOCK_D)
+    tl.store(LSE + rows, lse, mask=row_ok)  # LSE (B, H, n_q) contiguous: row (b, h, i) is element b·H·n_q + h·n_q + i
+    o_ptrs = O + off_b[:, None] * stride_ob + off_h[:, None] * stride_oh + off_i[:, None] * stride_oi + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 def _combine_into(o_parts: torch.Tensor, lse2_parts: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor) -> None:
     B, H, S, N_Q, D = o_parts.shape
-    block_s = _pow2(S)
-    _combine_kernel[(B * H * N_Q,)](
+    rows, block_r = B * H * N_Q, 16  # 16 output rows per program
+    _combine_kernel[(-(-rows // block_r),)](
         o_parts, lse2_parts, o, lse2, *o_parts.stride(), *lse2_parts.stride(), *o.stride(),
-        H, N_Q, S, D_HEAD=D, BLOCK_D=_pow2(D), BLOCK_S=block_s, CHUNK_S=min(block_s, 16),
+        rows, H, N_Q, S, D_HEAD=D, BLOCK_D=_pow2(D), BLOCK_R=block_r,
     )
 
 
