@@ -270,6 +270,12 @@ def check_runnable(device: torch.device) -> None:
         )
 
 
+def has_tma(t: torch.Tensor) -> bool:
+    """Whether tiles of ``t`` can be read through TMA tensor descriptors: ``t`` lives on a Hopper
+    (sm_90) or newer GPU, or Triton's interpreter emulates the descriptors."""
+    return INTERPRET or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
+
+
 def check_scale(scale: float | None, d: int) -> float:
     """The softmax scale: 1/sqrt(d) by default, else a positive finite number."""
     if scale is None:

@@ -32,6 +32,7 @@ from ._common import (
     INTERPRET,
     Candidate,
     configs,
+    has_tma,
     launch_options,
     load_kv_tiles,
     pruner,
@@ -238,8 +239,7 @@ def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     autotuning candidates with 128-key tiles failed through TMA (tests/test_kernels.py,
     test_every_autotune_candidate), while its speed is not the point of it."""
     d = k.shape[-1]
-    hardware = INTERPRET or (k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9)
-    return (hardware and k.dtype in (torch.float16, torch.bfloat16) and k.is_contiguous() and v.is_contiguous()
+    return (has_tma(k) and k.dtype in (torch.float16, torch.bfloat16) and k.is_contiguous() and v.is_contiguous()
             and d >= 16 and d & (d - 1) == 0)
 
 

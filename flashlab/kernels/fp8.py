@@ -85,6 +85,7 @@ from ._common import (
     check_scale,
     check_tensors,
     configs,
+    has_tma,
     launch_options,
     load_kv_tiles,
     pruner,
@@ -428,8 +429,7 @@ def fp8_tma_eligible(k: torch.Tensor, v: torch.Tensor) -> bool:
     16-byte units and never runs into the next head), and N a multiple of 16 (V's rows of N
     bytes must start 16-byte aligned)."""
     d, n = k.shape[-1], k.shape[-2]
-    hardware = INTERPRET or (k.is_cuda and torch.cuda.get_device_capability(k.device)[0] >= 9)
-    return (hardware and k.is_contiguous() and v.transpose(-2, -1).is_contiguous()
+    return (has_tma(k) and k.is_contiguous() and v.transpose(-2, -1).is_contiguous()
             and d >= 32 and d & (d - 1) == 0 and n % 16 == 0)
 
 
