@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["EXPERIMENTS", "TAG", "record", "ms", "precompile", "require_gpu", "run"]
+__all__ = ["EXPERIMENTS", "TAG", "measure_case", "record", "ms", "precompile", "require_gpu", "run"]
 
 TAG = "h200"  # suffix of the result stems: the lent GPU
 COMMAND = "python -m flashlab.experiments"
@@ -51,6 +51,27 @@ def ms(fn: Callable[[], object]) -> float:
     from ..bench import time_ms
 
     return time_ms(fn, "cuda")
+
+
+def measure_case(row: dict[str, object], run: Callable[[], torch.Tensor], reference: Callable[[], torch.Tensor],
+                 flops: float, timed: bool) -> dict[str, object]:
+    """Run one fixed configuration of a kernel once, which compiles it; if ``timed``, also record
+    in ``row`` its median time (ms), TFLOP/s, largest error against ``reference()`` (max_err)
+    and status "ok". A configuration the compiler or the GPU refuses (out of shared memory, a
+    failing pass) is recorded in ``status`` when timed, and raised in a :func:`precompile`
+    worker (``timed=False``), where nothing is recorded."""
+    try:
+        with torch.no_grad():
+            o = run()
+            if timed:
+                err = (o.float() - reference()).abs().max().item()
+                t = ms(run)
+                row.update(ms=round(t, 5), tflops=round(flops / (t * 1e-3) / 1e12, 2), max_err=f"{err:.2e}", status="ok")
+    except Exception as exc:
+        if not timed:
+            raise
+        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
+    return row
 
 
 def _call(spec: tuple[str, tuple]) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import ms, record, require_gpu
+from . import measure_case, ms, record, require_gpu
 
 TOKENS = 16384  # B * N
 HEADS_X_D = 2048  # H * d
@@ -154,20 +154,8 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tma
         row = {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
                "warps": config[2], "stages": config[3], "block": block, "tma": tma, "warp_specialize": ws}
     row.update(d=d, N=n, B=B, H=H)
-    try:
-        with torch.no_grad():
-            o = fn()
-            if timed:
-                ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-                err = (o.float() - ref).abs().max().item()
-                t = ms(fn)
-                row.update(ms=round(t, 5), tflops=round(_flops(B, H, n, d, False) / (t * 1e-3) / 1e12, 2),
-                           max_err=f"{err:.2e}", status="ok")
-    except Exception as exc:  # out of shared memory or registers: record it
-        if not timed:
-            raise
-        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
-    return row
+    return measure_case(row, fn, lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()),
+                        _flops(B, H, n, d, False), timed)
 
 
 def tiles(out: Path) -> list[Path]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import ms, record, require_gpu
+from . import measure_case, ms, record, require_gpu
 
 BF16 = torch.bfloat16
 
@@ -106,20 +106,9 @@ def _pipeline_case(d, N, causal, bm, bn, warps, stages, tma, ws, timed: bool = F
                               "warps": warps, "stages": stages, "warp_specialize": ws, "tma": tma}
     q, k, v = _qkv(B, H, N, d)
     cfg = (bm, bn, warps, stages)
-    run = lambda: forward(q, k, v, causal, d**-0.5, cfg, warp_specialize=ws, tma=tma)  # noqa: E731
-    try:
-        with torch.no_grad():
-            o, _ = run()
-            if timed:
-                ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-                err = (o.float() - ref).abs().max().item()
-                t = ms(run)
-                row.update(ms=round(t, 5), tflops=_tflops(_fwd_flops(B, H, N, N, d, causal), t), max_err=f"{err:.2e}", status="ok")
-    except Exception as exc:  # e.g. out of shared memory, or a pass the compiler refuses
-        if not timed:
-            raise
-        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
-    return row
+    return measure_case(row, lambda: forward(q, k, v, causal, d**-0.5, cfg, warp_specialize=ws, tma=tma)[0],
+                        lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal),
+                        _fwd_flops(B, H, N, N, d, causal), timed)
 
 
 def pipelining(out: Path) -> list[Path]:
