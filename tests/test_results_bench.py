@@ -106,3 +106,10 @@ def test_kernel_bench_columns_and_flops():
     assert len(shapes) == 2 * 2 * 6 * 2  # d x causal x N x pass: a complete run
     for shape in shapes:
         assert {r["impl"] for r in rec.rows if (r["d"], r["causal"], r["N"], r["pass"]) == shape} >= {"flashlab", "sdpa_flash", "sdpa_cudnn"}
+
+
+def test_note_value_reads_key_value_notes():
+    row = {"note": "GB/s=3075;max_err=6.2e-05;host_us=88.7"}
+    assert results.note_value(row, "host_us") == 88.7 and results.note_value(row, "max_err") == 6.2e-05
+    with pytest.raises(ValueError, match="key must be one of"):
+        results.note_value(row, "ms")

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from ..hardware import H200
+from ..results import note_value
 from ..reference.beyond import window_block_counts, window_mask
 from .timeline import COLOURS
 
@@ -92,15 +93,6 @@ def recorded_ms(rec, case: str, pass_: str = "fwd", **where: object) -> float:
         raise ValueError(f"case={case!r}, pass={pass_!r} and {where} must pick exactly one row of "
                          f"results/{rec.stem}; they pick {len(rows)}")
     return rows[0]["ms"]
-
-
-def note_value(row: dict, key: str) -> float:
-    """A number from a row's ``note`` column, which holds ``key=value`` pairs separated by
-    ``;`` (e.g. ``"GB/s=3075;max_err=6.2e-05;host_us=88.7"``)."""
-    pairs = dict(item.split("=", 1) for item in str(row.get("note", "")).split(";") if "=" in item)
-    if key not in pairs:
-        raise ValueError(f"key must be one of {sorted(pairs)} in the note of this row; got {key!r}")
-    return float(pairs[key])
 
 
 def decode_shapes(rec) -> list[tuple[int, int, int, int]]:
