@@ -23,11 +23,8 @@ import torch
 from flashlab.kernels import INTERPRET
 from flashlab.kernels.decoding import MAX_SPLITS, choose_num_splits, combine_splits, flash_decode
 from flashlab.reference import attention
+from tiers import DEVICE, GPU, needs_gpu, runs_somewhere
 
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
-runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")
 
 N_MAX = 288  # cache capacity: 18 key blocks of 16, 9 pages of 32, 18 of 16
 SEQLENS = [1, N_MAX, 141]  # ragged: one key, the full cache, and a length on no block or page boundary

@@ -18,15 +18,11 @@ import pytest
 import torch
 
 from flashlab.kernels import INTERPRET, flash_attention
+from tiers import DEVICE, GPU, SIZE, needs_gpu, runs_somewhere
 
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
 # Under the interpreter (blocks of 16) small N already spans several blocks; on a GPU (blocks of
 # 64-128) the same tests run 8x longer sequences so that they cross blocks too, and so that the
 # max-error statistics the tolerance rule compares are not dominated by a handful of elements.
-SIZE = 1 if INTERPRET else 8
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
-runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")
 
 
 def torch_attention(q, k, v, causal, scale=None):

@@ -41,16 +41,12 @@ from flashlab.kernels.fa4 import (
 )
 from flashlab.reference import attention as reference_attention
 from flashlab.reference import rescale, softexp
+from tiers import DEVICE, GPU, SIZE, needs_gpu, runs_somewhere
 
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-SIZE = 1 if INTERPRET else 8
 # Explicit configs: BLOCK_N is then known (the rescale counts depend on it), and the GPU run
 # compiles one configuration per variant instead of autotuning each.
 CONFIG = (16, 16, 4, 1) if INTERPRET else (64, 64, 4, 2)
 BLOCK_N = CONFIG[1]
-runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
 EPS = softexp.max_relative_error(coefficients=COEFFICIENTS)  # the cubic's max relative error, ~8.6e-5
 
 

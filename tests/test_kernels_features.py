@@ -21,12 +21,7 @@ from flashlab.kernels import INTERPRET, flash_attention, flash_attention_varlen
 from flashlab.kernels._common import visible_range, window_bounds
 from flashlab.kernels.forward import forward, tma_eligible
 from flashlab.reference import attention_varlen, window_mask
-
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-SIZE = 1 if INTERPRET else 8
-runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
+from tiers import DEVICE, GPU, SIZE, needs_gpu, runs_somewhere
 
 
 # --------------------------------------------------------------- block ranges (pure Python)

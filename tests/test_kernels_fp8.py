@@ -53,12 +53,8 @@ from flashlab.reference.fp8 import (
     rmse,
     round_to_fp8,
 )
+from tiers import DEVICE, GPU, SIZE, needs_gpu, runs_somewhere
 
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-SIZE = 1 if INTERPRET else 8  # the interpreter's tiles are 16 x 16, a GPU's 64-128
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
-runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")
 needs_fp8 = pytest.mark.skipif(GPU and torch.cuda.get_device_capability() < (8, 9), reason="needs FP8 tensor cores")
 
 
