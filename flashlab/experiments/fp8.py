@@ -125,17 +125,26 @@ def run(out: Path) -> list[Path]:
     return paths
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) tried by :func:`tiles`, each with pointer and TMA loads.
-TILE_CONFIGS = [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 4),
-                (128, 256, 8, 2)]
+# Variants tried by :func:`tiles`: ((BLOCK_M, BLOCK_N, warps, stages), load path, pipeline), where the load
+# path is "pointer", "tma" or "tma+ws" (TMA with Triton's warp specialisation: then Triton adds a producer
+# warp group and splits the BLOCK_M rows between two consumer warp groups of its own) and ``pipeline``
+# asks for the next tile's scores before this tile's softmax (the kernel's PIPELINE).
+TILE_VARIANTS = [
+    ((128, 64, 4, 3), "pointer", False), ((128, 64, 4, 3), "tma", False), ((128, 128, 8, 3), "tma", False),
+    ((64, 128, 4, 3), "tma", False), ((128, 64, 4, 2), "tma", False),
+    ((128, 64, 4, 2), "tma+ws", False), ((128, 64, 4, 3), "tma+ws", False), ((128, 64, 4, 4), "tma+ws", False),
+    ((128, 128, 4, 2), "tma+ws", False), ((128, 128, 4, 3), "tma+ws", False),
+    ((64, 128, 4, 3), "tma+ws", False), ((64, 64, 4, 3), "tma+ws", False),
+    ((128, 128, 8, 3), "tma", True), ((64, 128, 4, 3), "tma", True),
+]
 TILE_NS = (4096, 8192, 16384)
 
 
-def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tma: bool = False,
-               ws: bool = False, timed: bool = False) -> dict[str, object]:
+def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, path: str = "pointer",
+               pipeline: bool = False, timed: bool = False) -> dict[str, object]:
     """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
-    descale blocks of ``block`` rows, K/V loads through TMA or pointers, and Triton's warp
-    specialisation of the key loop (``ws``) on or off; timed if asked.
+    descale blocks of ``block`` rows, one load path ("pointer", "tma", "tma+ws") and the
+    software-pipelined key loop on or off; timed if asked.
     ``config=None``: flashlab's bf16 forward as users get it (autotuned, its default loads)."""
     from ..kernels import flash_attention
     from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
@@ -146,28 +155,27 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, tma
     q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
     if config is None:
         fn = lambda: flash_attention(q, k, v)  # noqa: E731
-        row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "", "block": "",
-               "tma": "", "warp_specialize": ""}
+        row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "",
+               "block": "", "path": "", "pipeline": ""}
     else:
         pre = quantize_qkv(q, k, v, block=block)
-        fn = lambda: flash_attention_fp8(**pre, config=config, tma=tma, warp_specialize=ws)  # noqa: E731
+        tma, ws = path != "pointer", path == "tma+ws"
+        fn = lambda: flash_attention_fp8(**pre, config=config, tma=tma, warp_specialize=ws, pipeline=pipeline)  # noqa: E731
         row = {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-               "warps": config[2], "stages": config[3], "block": block, "tma": tma, "warp_specialize": ws}
+               "warps": config[2], "stages": config[3], "block": block, "path": path, "pipeline": pipeline}
     row.update(d=d, N=n, B=B, H=H)
     return measure_case(row, fn, lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()),
                         _flops(B, H, n, d, False), timed)
 
 
 def tiles(out: Path) -> list[Path]:
-    """The FP8 kernel's speed across tile configurations (TILE_CONFIGS) with pointer loads, TMA
-    loads, and TMA with warp specialisation, descale blocks of 128 rows (256 where BLOCK_N = 256), beside flashlab's autotuned
-    bf16 forward in the same process: which lever moves FP8 toward 1.5x bf16. Configurations
-    are compiled in parallel first."""
+    """The FP8 kernel's speed across TILE_VARIANTS (tile shapes, load paths, pipelining), descale
+    blocks of 128 rows, beside flashlab's autotuned bf16 forward in the same process: which
+    lever moves FP8 toward 1.5x bf16. Configurations are compiled in parallel first."""
     require_gpu()
     from . import precompile
 
-    cases = [(c, max(128, c[1]), n, tma, ws) for n in TILE_NS for c in TILE_CONFIGS
-             for tma, ws in ((False, False), (True, False), (True, True))]
+    cases = [(c, 128, n, path, pipe) for n in TILE_NS for c, path, pipe in TILE_VARIANTS]
     precompile([("flashlab.experiments.fp8:_tile_case", case) for case in cases if case[2] == TILE_NS[0]])
     rows = []
     for n in TILE_NS:

@@ -108,6 +108,8 @@ WIDE_CANDIDATES: list[Candidate] = [(128, 64, 8, 2), (64, 64, 4, 2)]  # d = 256
 
 def _descriptor_blocks(nargs: dict) -> None:
     """Autotune pre-hook: the TMA descriptors' block shapes follow the configuration's BLOCK_N."""
+    if isinstance(nargs["DESC_Q"], TensorDescriptor):
+        nargs["DESC_Q"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_D"]]  # Q_i: queries x d
     if isinstance(nargs["DESC_K"], TensorDescriptor):
         nargs["DESC_K"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]  # K_j: keys x d
         nargs["DESC_V"].block_shape = [nargs["BLOCK_D"], nargs["BLOCK_N"]]  # V_j^T: d x keys
@@ -143,6 +145,86 @@ def round_e4m3(x):
 
 
 @triton.jit
+def _fold_fp8(
+    acc, l_i, m_i, v_unit, qk, v, row_factor,  # running state; raw scores Q8_i K8_j^T (BLOCK_M, BLOCK_N); V8_j
+    kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
+    BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr,
+):
+    """Fold key tile j (keys n = start_n + [0, BLOCK_N)) into (acc, l_i, m_i, v_unit): the online
+    softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores."""
+    # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result. When one factor
+    # f_i serves a whole row of the tile, S is never formed: max(S) = f_i max(qk) (f_i > 0), and
+    # the exponent below takes qk * f_i - (m - 8) as one fused multiply-add, as in forward.py.
+    if K_SB == 0:  # dk per (batch, head): already folded into row_factor
+        f = row_factor
+    elif K_SB % BLOCK_N == 0:  # the whole key tile shares one descale
+        f = row_factor * tl.load(kd_ptr + (start_n // K_SB) * stride_kdb)
+    else:  # quantisation blocks cut through the tile: one descale per key
+        kd = tl.load(kd_ptr + (n // K_SB) * stride_kdb, mask=n < N_K, other=1.0)
+        qk = qk * kd[None, :]  # the per-key factor first; f_i then scales whole rows
+        f = row_factor
+    if MASKED:  # the few boundary tiles form S and mask it (safe even for a zero descale)
+        visible = n[None, :] < N_K
+        if CAUSAL:
+            visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
+        s = tl.where(visible, qk * f[:, None], float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
+        p = tl.math.exp2(s - (m_ref - 8.0)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new) in (0, 256] (P_SHIFT)
+    else:  # interior tiles: descales are positive, so rowmax(qk f) = f rowmax(qk)
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
+        m_ref = m_new
+        p = tl.math.exp2(qk * f[:, None] - (m_ref - 8.0)[:, None])  # the same P_ij, one FMA per score
+    alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
+    l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
+    if EMULATE_CAST:
+        p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
+    p8 = p.to(tl.float8e4nv)  # fp8(P_ij): round to nearest even
+    if V_SB == 0:
+        acc = acc * alpha[:, None]  # O = alpha O ...
+    else:  # V_j has its own descale dv_j: keep O in units of it
+        vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
+        acc = acc * (alpha * (v_unit / vd))[:, None]
+        v_unit = vd
+    acc = tl.dot(p8, v, acc)  # ... + fp8(P_ij) V8_j, fp8 x fp8 with the fp32 accumulator
+    return acc, l_i, m_new, v_unit
+
+
+@triton.jit
+def _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n_ok, d_ok,
+            MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
+    """K8_j^T (BLOCK_D, BLOCK_N) for keys start_n + [0, BLOCK_N). TMA reads whole rows of the
+    (Z*H*N_K, d) view (rows past N_K belong to the next head; S masks them); pointer loads are
+    masked by the key bound in MASKED tiles and by d where it is padded."""
+    if TMA:
+        k = desc_k.load([k_row0 + start_n, 0]).T
+    elif MASKED:
+        k = tl.load(k_ptrs + start_n * stride_kn, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+    elif PADDED_D:
+        k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs + start_n * stride_kn)
+    return k
+
+
+@triton.jit
+def _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, n_ok, d_ok,
+            MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
+    """V8_j (BLOCK_N, BLOCK_D) for keys start_n + [0, BLOCK_N). TMA reads columns of the
+    keys-contiguous (Z*H*d, N_K) view (columns past N_K are zero-filled)."""
+    if TMA:
+        v = desc_v.load([v_row0, start_n]).T
+    elif MASKED:
+        v = tl.load(v_ptrs + start_n * stride_vn, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    elif PADDED_D:
+        v = tl.load(v_ptrs + start_n * stride_vn, mask=d_ok[None, :], other=0.0)
+    else:
+        v = tl.load(v_ptrs + start_n * stride_vn)
+    return v
+
+
+@triton.jit
 def _attend_fp8(
     acc, l_i, m_i, v_unit, q, row_factor,  # running state; Q8_i; r_i = scale * log2(e) * dq_i (BLOCK_M,)
     k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
@@ -151,69 +233,53 @@ def _attend_fp8(
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SB: tl.constexpr, V_SB: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    PIPELINE: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i, v_unit). MASKED blocks check key bounds
-    (and the causal diagonal); unmasked ones are known to be fully visible."""
-    k_ptrs += lo * stride_kn
-    v_ptrs += lo * stride_vn
+    (and the causal diagonal); unmasked ones are known to be fully visible.
+
+    PIPELINE (unmasked blocks only): FlashAttention-3's intra-warpgroup overlap (§3.2) in
+    software. The scores of block j+1 are asked of the tensor cores *before* block j's softmax,
+    so the QK^T dot of the next block runs while this block's exponentials do; the price is a
+    second (BLOCK_M, BLOCK_N) tile of scores in registers."""
     d_ok = offs_d < D_HEAD
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):  # WS: Triton's producer/consumer warps
-        n = start_n + offs_n  # (BLOCK_N,) key indices
-        # K8_j^T (BLOCK_D, BLOCK_N) and V8_j (BLOCK_N, BLOCK_D), kept in fp8 (fp8 loads and dots are exact
-        # under the interpreter, so no upcast)
-        if TMA:  # whole tiles by the copy engine; S masks K rows past N_K, V's columns there read as 0
-            k = desc_k.load([k_row0 + start_n, 0]).T  # (BLOCK_D, BLOCK_N) = K8_j^T
-            v = desc_v.load([v_row0, start_n]).T  # (BLOCK_N, BLOCK_D) = V8_j, keys contiguous
-        else:
-            k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, False)
-        qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
-        # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result. When one factor
-        # f_i serves a whole row of the tile, S is never formed: max(S) = f_i max(qk) (f_i > 0), and
-        # the exponent below takes qk * f_i - (m - 8) as one fused multiply-add, as in forward.py.
-        if K_SB == 0:  # dk per (batch, head): already folded into row_factor
-            f = row_factor
-        elif K_SB % BLOCK_N == 0:  # the whole key tile shares one descale
-            f = row_factor * tl.load(kd_ptr + (start_n // K_SB) * stride_kdb)
-        else:  # quantisation blocks cut through the tile: one descale per key
-            kd = tl.load(kd_ptr + (n // K_SB) * stride_kdb, mask=n < N_K, other=1.0)
-            qk = qk * kd[None, :]  # the per-key factor first; f_i then scales whole rows
-            f = row_factor
-        if MASKED:  # the few boundary tiles form S and mask it (safe even for a zero descale)
-            visible = n[None, :] < N_K
-            if CAUSAL:
-                visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
-            s = tl.where(visible, qk * f[:, None], float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
-            p = tl.math.exp2(s - (m_ref - 8.0)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new) in (0, 256] (P_SHIFT)
-        else:  # interior tiles: descales are positive, so rowmax(qk f) = f rowmax(qk)
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
-            m_ref = m_new
-            p = tl.math.exp2(qk * f[:, None] - (m_ref - 8.0)[:, None])  # the same P_ij, one FMA per score
-        alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
-        l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
-        if EMULATE_CAST:
-            p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
-        p8 = p.to(tl.float8e4nv)  # fp8(P_ij): round to nearest even
-        if V_SB == 0:
-            acc = acc * alpha[:, None]  # O = alpha O ...
-        else:  # V_j has its own descale dv_j: keep O in units of it
-            vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
-            acc = acc * (alpha * (v_unit / vd))[:, None]
-            v_unit = vd
-        acc = tl.dot(p8, v, acc)  # ... + fp8(P_ij) V8_j, fp8 x fp8 with the fp32 accumulator
-        m_i = m_new
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+    PADDED_D: tl.constexpr = BLOCK_D != D_HEAD
+    if PIPELINE and not MASKED:
+        if lo < hi:
+            qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, lo, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
+            for start_n in tl.range(lo, hi - BLOCK_N, BLOCK_N):
+                # issued now, needed only in the next iteration: overlaps the softmax below
+                qk_next = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, start_n + BLOCK_N, stride_kn, offs_n, d_ok,
+                                            False, PADDED_D, TMA))
+                v = _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
+                acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
+                                                  stride_kdb, stride_vdb, start_n, start_n + offs_n, offs_m, N_K,
+                                                  causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST)
+                qk = qk_next
+            last = hi - BLOCK_N  # the final block's scores are already in qk
+            v = _v_tile(v_ptrs, desc_v, v_row0, last, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
+            acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
+                                              stride_kdb, stride_vdb, last, last + offs_n, offs_m, N_K,
+                                              causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST)
+    else:
+        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):  # WS: Triton's producer/consumer warps
+            n = start_n + offs_n  # (BLOCK_N,) key indices
+            # K8_j^T and V8_j stay fp8 (fp8 loads and dots are exact under the interpreter, so no upcast)
+            k = _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n < N_K, d_ok, MASKED, PADDED_D, TMA)
+            v = _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, n < N_K, d_ok, MASKED, PADDED_D, TMA)
+            qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
+            acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
+                                              stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
+                                              BLOCK_N, K_SB, V_SB, MASKED, CAUSAL, EMULATE_CAST)
     return acc, l_i, m_i, v_unit
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "WS"],
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "WS", "PIPELINE"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fp8_forward_kernel(
     Q, K, V, O, QD, KD, VD,  # Q, K, V fp8 (Z, H, N, d) any strides; O (Z, H, N_Q, d); descales fp32 (Z, H, nb)
-    DESC_K, DESC_V,  # TMA: descriptors of K as (Z*H*N_K, d) and of V's memory as (Z*H*d, N_K); unused otherwise
+    DESC_Q, DESC_K, DESC_V,  # TMA: descriptors of Q as (Z*H*N_Q, d), K as (Z*H*N_K, d) and V's memory as (Z*H*d, N_K)
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -224,8 +290,8 @@ def _fp8_forward_kernel(
     H, N_Q, N_K, qk_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
-    EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr, WS: tl.constexpr,
+    PIPELINE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
@@ -246,10 +312,15 @@ def _fp8_forward_kernel(
     kd_ptr = KD + off_z * stride_kdz + off_h * stride_kdh
     vd_ptr = VD + off_z * stride_vdz + off_h * stride_vdh
 
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # Q8_i stays on chip
+    if TMA_Q:  # rows past N_Q (the next head's, or zero-filled) give rows the store leaves out
+        q = DESC_Q.load([off_zh * N_Q + start_m * BLOCK_M, 0])  # Q8_i stays on chip
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     # r_i = scale * log2(e) * dq_i, one factor per query row
     if Q_SB == 0:
         row_factor = tl.full([BLOCK_M], 1.0, tl.float32) * (qk_scale * tl.load(qd_ptr))
+    elif Q_SB % BLOCK_M == 0:  # the whole query tile shares one descale (a per-row gather stops warp specialisation)
+        row_factor = tl.full([BLOCK_M], 1.0, tl.float32) * (qk_scale * tl.load(qd_ptr + (start_m * BLOCK_M // Q_SB) * stride_qdb))
     else:
         row_factor = qk_scale * tl.load(qd_ptr + (offs_m // Q_SB) * stride_qdb, mask=row_ok, other=1.0)
     if K_SB == 0:
@@ -270,11 +341,13 @@ def _fp8_forward_kernel(
     acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                         k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                         DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, WS)
-    acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
-                                        k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
-                                        DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST, TMA, False)
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, WS, PIPELINE)
+    if not EVEN_N:  # EVEN_N (no causal mask, N_K a multiple of 128): every key block is whole, one loop
+        acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
+                                            k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
+                                            DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, lo, hi, N_K,
+                                            causal_offset, D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST,
+                                            TMA, False, False)
 
     # O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels).
     # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0.
@@ -446,7 +519,7 @@ def flash_attention_fp8(
     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
-    tma: bool | None = None, warp_specialize: bool = False,
+    tma: bool | None = None, warp_specialize: bool = False, pipeline: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
@@ -484,6 +557,8 @@ def flash_attention_fp8(
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     if not isinstance(warp_specialize, bool):
         raise TypeError(f"warp_specialize must be a bool; got {type(warp_specialize).__name__}")
+    if not isinstance(pipeline, bool):
+        raise TypeError(f"pipeline must be a bool; got {type(pipeline).__name__}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32; got {out_dtype}")
     q_block, k_block, v_block = (_check_block(n, b) for n, b in (("q_block", q_block), ("k_block", k_block),
@@ -510,19 +585,31 @@ def flash_attention_fp8(
     o = torch.empty((B, H, N_Q, D), device=q.device, dtype=out_dtype)
     if B * H * N_Q == 0:
         return o
-    desc_k, desc_v = k, v  # unused placeholders unless TMA
+    # One key loop when no block needs a mask: no causal diagonal, N_k a multiple of every BLOCK_N tried.
+    widest = config[1] if config is not None else max(c.kwargs["BLOCK_N"] for c in _CONFIGS)
+    even_n = not causal and N_K % widest == 0
+    tma_q = use_tma and q.is_contiguous() and q.data_ptr() % 16 == 0
+    if warp_specialize and not (tma_q and even_n):
+        raise ValueError("warp_specialize=True needs TMA loads (see fp8_tma_eligible), a contiguous q, causal=False "
+                         f"and N_k a multiple of {widest} (Triton 3.6 warp-specialises this kernel only when it has "
+                         f"one key loop and reads Q through TMA); got TMA {use_tma}, q contiguous {q.is_contiguous()}, "
+                         f"causal {causal}, N_k = {N_K}")
+    desc_q, desc_k, desc_v = q, k, v  # unused placeholders unless TMA
     if use_tma:  # block shapes follow the configuration (the autotuner's pre-hook sets them per config)
-        bn = config[1] if config is not None else 16
+        bm, bn = (config[0], config[1]) if config is not None else (16, 16)
         desc_k = TensorDescriptor.from_tensor(k.view(-1, D), [bn, block_d])
         desc_v = TensorDescriptor.from_tensor(v.transpose(-2, -1).view(-1, N_K), [block_d, bn])
+        if tma_q:
+            desc_q = TensorDescriptor.from_tensor(q.view(-1, D), [bm, block_d])
     grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), B * H)
     kernel = _fp8_forward_kernel if config is None else _fp8_forward_kernel.fn
     kernel[grid](
-        q, k, v, o, qd, kd, vd, desc_k, desc_v,
+        q, k, v, o, qd, kd, vd, desc_q, desc_k, desc_v,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *qd.stride(), *kd.stride(), *vd.stride(),
         H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
-        Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, WS=warp_specialize,
+        Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
+        EVEN_N=even_n, WS=warp_specialize, PIPELINE=pipeline,
         **launch_options(config),
     )
     return o
