@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["EXPERIMENTS", "TAG", "measure_case", "record", "ms", "precompile", "require_gpu", "run"]
+__all__ = ["EXPERIMENTS", "TAG", "isolated", "measure_case", "record", "ms", "precompile", "require_gpu", "run"]
 
 TAG = "h200"  # suffix of the result stems: the lent GPU
 COMMAND = "python -m flashlab.experiments"
@@ -100,6 +100,45 @@ def precompile(calls: list[tuple[str, tuple]], workers: int = 12) -> list[str]:
         status = list(pool.map(_call, calls))
     print(f"precompiled {sum(s == 'ok' for s in status)}/{len(calls)} in parallel", flush=True)
     return status
+
+
+def _rows_into(queue, target: str, args: tuple) -> None:
+    module, func = target.split(":")
+    queue.put(getattr(importlib.import_module(module), func)(*args))
+
+
+def isolated(target: str, args: tuple, timeout: float) -> tuple[object, str]:
+    """Run ``module:function(*args)`` in a fresh spawned process and return ``(result, status)``:
+    status "ok", "timeout" (the process was killed after ``timeout`` seconds: a kernel that hangs
+    the GPU, such as a pipeline waiting on a barrier no one arrives at) or "crashed (exit N)"
+    (an illegal memory access ends the CUDA context, which would spoil every later measurement
+    in a shared process). Used where a configuration may be broken and the rest must go on."""
+    import multiprocessing
+    import queue as queue_module
+    import time
+
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_rows_into, args=(q, target, args))
+    proc.start()
+    result, deadline = None, time.monotonic() + timeout
+    while result is None and time.monotonic() < deadline:
+        try:  # poll, so that a process that died is noticed at once rather than at the deadline
+            result = q.get(timeout=0.5)
+        except queue_module.Empty:
+            if not proc.is_alive():
+                try:
+                    result = q.get(timeout=1.0)  # it may have finished just now
+                except queue_module.Empty:
+                    break
+    proc.join(5)
+    if result is not None:
+        return result, "ok"
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return None, "timeout"
+    return None, f"crashed (exit {proc.exitcode})"
 
 
 def record(stem: str, rows: list[dict[str, object]], out: str | Path) -> list[Path]:

@@ -125,22 +125,24 @@ def run(out: Path) -> list[Path]:
     return paths
 
 
-# Variants tried by :func:`tiles`: ((BLOCK_M, BLOCK_N, warps, stages), load path, pipeline), where the load
-# path is "pointer", "tma" or "tma+ws" (TMA with Triton's warp specialisation: then Triton adds a producer
-# warp group and splits the BLOCK_M rows between two consumer warp groups of its own) and ``pipeline``
-# asks for the next tile's scores before this tile's softmax (the kernel's PIPELINE).
+# Variants tried by :func:`tiles`: ((BLOCK_M, BLOCK_N, warps, stages), load path, pipeline, block), where
+# the load path is "pointer", "tma" or "tma+ws" (TMA with Triton's warp specialisation: then Triton adds
+# a producer warp group and splits the BLOCK_M rows between two consumer warp groups of its own),
+# ``pipeline`` asks for the next tile's scores before this tile's softmax (the kernel's PIPELINE), and
+# ``block`` is the rows per descale (None: one descale per head, as FlashAttention-3 scales).
 TILE_VARIANTS = [
-    ((128, 64, 4, 3), "pointer", False), ((128, 64, 4, 3), "tma", False), ((128, 128, 8, 3), "tma", False),
-    ((64, 128, 4, 3), "tma", False), ((128, 64, 4, 2), "tma", False),
-    ((128, 64, 4, 2), "tma+ws", False), ((128, 64, 4, 3), "tma+ws", False), ((128, 64, 4, 4), "tma+ws", False),
-    ((128, 128, 4, 2), "tma+ws", False), ((128, 128, 4, 3), "tma+ws", False),
-    ((64, 128, 4, 3), "tma+ws", False), ((64, 64, 4, 3), "tma+ws", False),
-    ((128, 128, 8, 3), "tma", True), ((64, 128, 4, 3), "tma", True),
+    ((128, 64, 4, 3), "pointer", False, 128), ((128, 64, 4, 3), "tma", False, 128),
+    ((128, 128, 8, 3), "tma", False, 128), ((64, 128, 4, 3), "tma", False, 128),
+    ((128, 128, 8, 3), "tma", True, 128), ((64, 128, 4, 3), "tma", True, 128),
+    ((128, 64, 4, 3), "tma+ws", False, 128), ((128, 64, 4, 3), "tma+ws", False, None),
+    ((128, 128, 4, 3), "tma+ws", False, 128), ((128, 128, 4, 3), "tma+ws", False, None),
+    ((128, 128, 4, 2), "tma+ws", False, 128), ((128, 64, 4, 2), "tma+ws", False, 128),
+    ((64, 128, 4, 3), "tma+ws", False, 128),
 ]
 TILE_NS = (4096, 8192, 16384)
 
 
-def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, path: str = "pointer",
+def _tile_case(config: tuple[int, int, int, int] | None, block: int | None, n: int, path: str = "pointer",
                pipeline: bool = False, timed: bool = False) -> dict[str, object]:
     """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
     descale blocks of ``block`` rows, one load path ("pointer", "tma", "tma+ws") and the
@@ -168,21 +170,30 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int, n: int, pat
                         _flops(B, H, n, d, False), timed)
 
 
-def tiles(out: Path) -> list[Path]:
-    """The FP8 kernel's speed across TILE_VARIANTS (tile shapes, load paths, pipelining), descale
-    blocks of 128 rows, beside flashlab's autotuned bf16 forward in the same process: which
-    lever moves FP8 toward 1.5x bf16. Configurations are compiled in parallel first."""
-    require_gpu()
-    from . import precompile
+def _variant_rows(config, block: int | None, path: str, pipeline: bool) -> list[dict[str, object]]:
+    """One TILE_VARIANTS entry at every TILE_NS, timed (run in its own process by :func:`tiles`)."""
+    return [_tile_case(config, block, n, path, pipeline, timed=True) for n in TILE_NS]
 
-    cases = [(c, 128, n, path, pipe) for n in TILE_NS for c, path, pipe in TILE_VARIANTS]
-    precompile([("flashlab.experiments.fp8:_tile_case", case) for case in cases if case[2] == TILE_NS[0]])
-    rows = []
-    for n in TILE_NS:
-        rows.append(_tile_case(None, 0, n, timed=True))
-        print(rows[-1], flush=True)
-    for case in cases:
-        rows.append(_tile_case(*case, timed=True))
-        print(rows[-1], flush=True)
-        torch.cuda.empty_cache()
+
+def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
+    """The FP8 kernel's speed across TILE_VARIANTS (tile shapes, load paths, pipelining, descale
+    blocks), beside flashlab's autotuned bf16 forward: which lever moves FP8 toward
+    1.5x bf16. Each variant runs in its own process (:func:`isolated`), one after the other, so
+    that one which crashes or hangs is recorded as such and cannot spoil the others."""
+    require_gpu()
+    from . import isolated
+
+    rows = [_tile_case(None, 0, n, timed=True) for n in TILE_NS]
+    for row in rows:
+        print(row, flush=True)
+    for config, path, pipeline, block in TILE_VARIANTS:
+        got, status = isolated("flashlab.experiments.fp8:_variant_rows", (config, block, path, pipeline), timeout)
+        if got is None:
+            got = [{"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
+                    "warps": config[2], "stages": config[3], "block": block or "", "path": path, "pipeline": pipeline,
+                    "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128, "ms": "", "tflops": "", "max_err": "",
+                    "status": status} for n in TILE_NS]
+        for row in got:
+            print(row, flush=True)
+        rows += got
     return record("fp8_tiles", rows, out)

@@ -149,7 +149,7 @@ def _fold_fp8(
     acc, l_i, m_i, v_unit, qk, v, row_factor,  # running state; raw scores Q8_i K8_j^T (BLOCK_M, BLOCK_N); V8_j
     kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
     BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, ROW_SCALAR: tl.constexpr,
 ):
     """Fold key tile j (keys n = start_n + [0, BLOCK_N)) into (acc, l_i, m_i, v_unit): the online
     softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores."""
@@ -164,18 +164,22 @@ def _fold_fp8(
         kd = tl.load(kd_ptr + (n // K_SB) * stride_kdb, mask=n < N_K, other=1.0)
         qk = qk * kd[None, :]  # the per-key factor first; f_i then scales whole rows
         f = row_factor
+    if ROW_SCALAR:  # one factor for the whole tile (a scalar): broadcasts as it is
+        f_rows = f
+    else:  # one factor per query row: a column
+        f_rows = f[:, None]
     if MASKED:  # the few boundary tiles form S and mask it (safe even for a zero descale)
         visible = n[None, :] < N_K
         if CAUSAL:
             visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
-        s = tl.where(visible, qk * f[:, None], float("-inf"))
+        s = tl.where(visible, qk * f_rows, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
         p = tl.math.exp2(s - (m_ref - 8.0)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new) in (0, 256] (P_SHIFT)
     else:  # interior tiles: descales are positive, so rowmax(qk f) = f rowmax(qk)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
         m_ref = m_new
-        p = tl.math.exp2(qk * f[:, None] - (m_ref - 8.0)[:, None])  # the same P_ij, one FMA per score
+        p = tl.math.exp2(qk * f_rows - (m_ref - 8.0)[:, None])  # the same P_ij, one FMA per score
     alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
     l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
     if EMULATE_CAST:
@@ -226,14 +230,14 @@ def _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, n_ok, d_ok,
 
 @triton.jit
 def _attend_fp8(
-    acc, l_i, m_i, v_unit, q, row_factor,  # running state; Q8_i; r_i = scale * log2(e) * dq_i (BLOCK_M,)
+    acc, l_i, m_i, v_unit, q, row_factor,  # running state; Q8_i; r_i = scale * log2(e) * dq_i: (BLOCK_M,) or a scalar
     k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
     desc_k, desc_v, k_row0, v_row0,  # TMA: descriptors and this head's first row in each view
     offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SB: tl.constexpr, V_SB: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    PIPELINE: tl.constexpr,
+    PIPELINE: tl.constexpr, ROW_SCALAR: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i, v_unit). MASKED blocks check key bounds
     (and the causal diagonal); unmasked ones are known to be fully visible.
@@ -254,13 +258,13 @@ def _attend_fp8(
                 v = _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
                 acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
                                                   stride_kdb, stride_vdb, start_n, start_n + offs_n, offs_m, N_K,
-                                                  causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST)
+                                                  causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR)
                 qk = qk_next
             last = hi - BLOCK_N  # the final block's scores are already in qk
             v = _v_tile(v_ptrs, desc_v, v_row0, last, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
             acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
                                               stride_kdb, stride_vdb, last, last + offs_n, offs_m, N_K,
-                                              causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST)
+                                              causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR)
     else:
         for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):  # WS: Triton's producer/consumer warps
             n = start_n + offs_n  # (BLOCK_N,) key indices
@@ -270,7 +274,7 @@ def _attend_fp8(
             qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
             acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
                                               stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
-                                              BLOCK_N, K_SB, V_SB, MASKED, CAUSAL, EMULATE_CAST)
+                                              BLOCK_N, K_SB, V_SB, MASKED, CAUSAL, EMULATE_CAST, ROW_SCALAR)
     return acc, l_i, m_i, v_unit
 
 
@@ -317,10 +321,13 @@ def _fp8_forward_kernel(
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     # r_i = scale * log2(e) * dq_i, one factor per query row
+    # A scalar when the whole query tile shares one descale (Triton 3.6's warp specialisation mishandles
+    # a (BLOCK_M,) vector made before the loop: a per-row gather stops it compiling).
+    ROW_SCALAR: tl.constexpr = Q_SB == 0 or Q_SB % BLOCK_M == 0
     if Q_SB == 0:
-        row_factor = tl.full([BLOCK_M], 1.0, tl.float32) * (qk_scale * tl.load(qd_ptr))
-    elif Q_SB % BLOCK_M == 0:  # the whole query tile shares one descale (a per-row gather stops warp specialisation)
-        row_factor = tl.full([BLOCK_M], 1.0, tl.float32) * (qk_scale * tl.load(qd_ptr + (start_m * BLOCK_M // Q_SB) * stride_qdb))
+        row_factor = qk_scale * tl.load(qd_ptr)
+    elif Q_SB % BLOCK_M == 0:
+        row_factor = qk_scale * tl.load(qd_ptr + (start_m * BLOCK_M // Q_SB) * stride_qdb)
     else:
         row_factor = qk_scale * tl.load(qd_ptr + (offs_m // Q_SB) * stride_qdb, mask=row_ok, other=1.0)
     if K_SB == 0:
@@ -341,13 +348,13 @@ def _fp8_forward_kernel(
     acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                         k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                         DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, WS, PIPELINE)
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, WS, PIPELINE, ROW_SCALAR)
     if not EVEN_N:  # EVEN_N (no causal mask, N_K a multiple of 128): every key block is whole, one loop
         acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                             k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                             DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, lo, hi, N_K,
                                             causal_offset, D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST,
-                                            TMA, False, False)
+                                            TMA, False, False, ROW_SCALAR)
 
     # O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels).
     # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0.
