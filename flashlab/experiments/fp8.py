@@ -125,27 +125,24 @@ def run(out: Path) -> list[Path]:
     return paths
 
 
-# Variants tried by :func:`tiles`: ((BLOCK_M, BLOCK_N, warps, stages), load path, pipeline, block), where
-# the load path is "pointer", "tma" or "tma+ws" (TMA with Triton's warp specialisation: then Triton adds
-# a producer warp group and splits the BLOCK_M rows between two consumer warp groups of its own),
-# ``pipeline`` asks for the next tile's scores before this tile's softmax (the kernel's PIPELINE), and
-# ``block`` is the rows per descale (None: one descale per head, as FlashAttention-3 scales).
+# Variants tried by :func:`tiles`: ((BLOCK_M, BLOCK_N, warps, stages[, register cap]), load path,
+# pipeline, block), where the load path is "pointer" or "tma", ``pipeline`` asks for the next tile's
+# scores before this tile's softmax (the kernel's PIPELINE), and ``block`` is the rows per descale
+# (None: one descale per head, as FlashAttention-3 scales).
 TILE_VARIANTS = [
     ((128, 64, 4, 3), "pointer", False, 128), ((128, 64, 4, 3), "tma", False, 128),
-    ((128, 128, 8, 3), "tma", False, 128), ((64, 128, 4, 3), "tma", False, 128),
-    ((128, 128, 8, 3), "tma", True, 128), ((64, 128, 4, 3), "tma", True, 128),
-    ((128, 64, 4, 3), "tma+ws", False, 128), ((128, 64, 4, 3), "tma+ws", False, None),
-    ((128, 128, 4, 3), "tma+ws", False, 128), ((128, 128, 4, 3), "tma+ws", False, None),
-    ((128, 128, 4, 2), "tma+ws", False, 128), ((128, 64, 4, 2), "tma+ws", False, 128),
-    ((64, 128, 4, 3), "tma+ws", False, 128),
+    ((128, 128, 8, 3), "tma", False, 128), ((64, 128, 4, 3), "tma", False, 128), ((64, 128, 4, 2), "tma", False, 128),
+    ((64, 128, 4, 2, 168), "tma", False, 128), ((64, 128, 4, 3, 168), "tma", False, 128),
+    ((64, 128, 4, 2, 168), "tma", False, None), ((64, 64, 4, 3), "tma", False, 128),
+    ((64, 64, 4, 3, 128), "tma", False, 128), ((64, 128, 4, 3), "tma", True, 128),
 ]
 TILE_NS = (4096, 8192, 16384)
 
 
-def _tile_case(config: tuple[int, int, int, int] | None, block: int | None, n: int, path: str = "pointer",
+def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: str = "pointer",
                pipeline: bool = False, timed: bool = False) -> dict[str, object]:
     """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
-    descale blocks of ``block`` rows, one load path ("pointer", "tma", "tma+ws") and the
+    descale blocks of ``block`` rows, one load path ("pointer" or "tma") and the
     software-pipelined key loop on or off; timed if asked.
     ``config=None``: flashlab's bf16 forward as users get it (autotuned, its default loads)."""
     from ..kernels import flash_attention
@@ -158,13 +155,13 @@ def _tile_case(config: tuple[int, int, int, int] | None, block: int | None, n: i
     if config is None:
         fn = lambda: flash_attention(q, k, v)  # noqa: E731
         row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "",
-               "block": "", "path": "", "pipeline": ""}
+               "maxnreg": "", "block": "", "path": "", "pipeline": ""}
     else:
         pre = quantize_qkv(q, k, v, block=block)
-        tma, ws = path != "pointer", path == "tma+ws"
-        fn = lambda: flash_attention_fp8(**pre, config=config, tma=tma, warp_specialize=ws, pipeline=pipeline)  # noqa: E731
+        fn = lambda: flash_attention_fp8(**pre, config=config, tma=path == "tma", pipeline=pipeline)  # noqa: E731
         row = {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-               "warps": config[2], "stages": config[3], "block": block, "path": path, "pipeline": pipeline}
+               "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
+               "block": block or "", "path": path, "pipeline": pipeline}
     row.update(d=d, N=n, B=B, H=H)
     return measure_case(row, fn, lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()),
                         _flops(B, H, n, d, False), timed)
@@ -190,8 +187,8 @@ def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
         got, status = isolated("flashlab.experiments.fp8:_variant_rows", (config, block, path, pipeline), timeout)
         if got is None:
             got = [{"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-                    "warps": config[2], "stages": config[3], "block": block or "", "path": path, "pipeline": pipeline,
-                    "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128, "ms": "", "tflops": "", "max_err": "",
+                    "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
+                    "block": block or "", "path": path, "pipeline": pipeline, "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128, "ms": "", "tflops": "", "max_err": "",
                     "status": status} for n in TILE_NS]
         for row in got:
             print(row, flush=True)

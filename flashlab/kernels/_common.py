@@ -42,7 +42,9 @@ LOG2E = 1.4426950408889634  # 1/ln 2: exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
 
 
-Candidate = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), optionally with a fifth entry: a register cap per
+# thread (ptxas maxnreg), which lets more programs share an SM when their registers are what limits it.
+Candidate = tuple[int, ...]
 
 
 def configs(candidates: list[Candidate], wide: list[Candidate], interpret_config: dict, pre_hook=None) -> list[triton.Config]:
@@ -53,14 +55,14 @@ def configs(candidates: list[Candidate], wide: list[Candidate], interpret_config
     if INTERPRET:
         return [triton.Config(interpret_config, num_warps=4, num_stages=1)]
     chosen = [*candidates, *wide] if AUTOTUNE else [candidates[0], wide[0]]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=pre_hook)
-            for bm, bn, w, s in chosen]
+    return [triton.Config({"BLOCK_M": c[0], "BLOCK_N": c[1]}, num_warps=c[2], num_stages=c[3],
+                          maxnreg=c[4] if len(c) > 4 else None, pre_hook=pre_hook) for c in chosen]
 
 
 def pruner(wide: list[Candidate]):
     """An ``early_config_prune`` that keeps the ``wide`` configurations for BLOCK_D = 256
     and the others for smaller head dimensions."""
-    wide_set = set(wide)
+    wide_set = {c[:4] for c in wide}
 
     def prune(configs_, named_args, **kwargs):
         d = kwargs["BLOCK_D"] if "BLOCK_D" in kwargs else named_args["BLOCK_D"]  # constexprs come in kwargs
@@ -75,8 +77,11 @@ def launch_options(config: Candidate | None) -> dict:
     """Keyword arguments that launch a kernel with one explicit configuration."""
     if config is None:
         return {}
-    bm, bn, w, s = config
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+    bm, bn, w, s = config[:4]
+    options = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+    if len(config) > 4:
+        options["maxnreg"] = config[4]  # a register cap (see Candidate)
+    return options
 
 
 def causal_key_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: int) -> tuple[int, int]:

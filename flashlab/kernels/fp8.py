@@ -99,10 +99,12 @@ FP8_MAX = 448.0  # largest finite e4m3fn number, 1.75 x 2^8
 P_SHIFT = 8.0  # P is computed as 2^P_SHIFT exp2(S - m): (0, 256] instead of (0, 1]
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# (BLOCK_M, BLOCK_N, warps, stages) for sm_90; few, so that autotuning compiles little.
-# The first serves FLASHLAB_AUTOTUNE=0: 128 x 64 with 4 warps was the fastest on the H200
-# (results/fp8_tiles_h200: 725 TFLOP/s at N = 16k against 610 for 128 x 128 with 8 warps).
-CANDIDATES: list[Candidate] = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4), (128, 64, 8, 3)]
+# (BLOCK_M, BLOCK_N, warps, stages[, max registers]) for sm_90; few, so that autotuning compiles little.
+# The first serves FLASHLAB_AUTOTUNE=0. On the H200 (results/fp8_tiles_h200) 64 query rows by 128 keys
+# with one warp group beat 128 x 64: the same scores per step with fewer instructions per score (O is
+# rescaled once per 128 keys, not per 64). A cap of 168 registers with 2 stages (72 KB of shared
+# memory) lets three programs share an SM, so one's tensor-core work overlaps another's exponentials.
+CANDIDATES: list[Candidate] = [(64, 128, 4, 3), (64, 128, 4, 2, 168), (128, 64, 4, 3), (64, 64, 4, 3, 128)]
 WIDE_CANDIDATES: list[Candidate] = [(128, 64, 8, 2), (64, 64, 4, 2)]  # d = 256
 
 
@@ -236,7 +238,7 @@ def _attend_fp8(
     offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SB: tl.constexpr, V_SB: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr,
     PIPELINE: tl.constexpr, ROW_SCALAR: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i, v_unit). MASKED blocks check key bounds
@@ -266,7 +268,7 @@ def _attend_fp8(
                                               stride_kdb, stride_vdb, last, last + offs_n, offs_m, N_K,
                                               causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR)
     else:
-        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):  # WS: Triton's producer/consumer warps
+        for start_n in tl.range(lo, hi, BLOCK_N):
             n = start_n + offs_n  # (BLOCK_N,) key indices
             # K8_j^T and V8_j stay fp8 (fp8 loads and dots are exact under the interpreter, so no upcast)
             k = _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n < N_K, d_ok, MASKED, PADDED_D, TMA)
@@ -278,7 +280,7 @@ def _attend_fp8(
     return acc, l_i, m_i, v_unit
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "WS", "PIPELINE"],
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fp8_forward_kernel(
@@ -294,7 +296,7 @@ def _fp8_forward_kernel(
     H, N_Q, N_K, qk_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
-    EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr, WS: tl.constexpr,
+    EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr,
     PIPELINE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -348,13 +350,13 @@ def _fp8_forward_kernel(
     acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                         k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                         DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, WS, PIPELINE, ROW_SCALAR)
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, PIPELINE, ROW_SCALAR)
     if not EVEN_N:  # EVEN_N (no causal mask, N_K a multiple of 128): every key block is whole, one loop
         acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                             k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                             DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, lo, hi, N_K,
                                             causal_offset, D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST,
-                                            TMA, False, False, ROW_SCALAR)
+                                            TMA, False, ROW_SCALAR)
 
     # O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels).
     # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0.
@@ -526,7 +528,7 @@ def flash_attention_fp8(
     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
-    tma: bool | None = None, warp_specialize: bool = False, pipeline: bool = False,
+    tma: bool | None = None, pipeline: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
@@ -546,11 +548,13 @@ def flash_attention_fp8(
     config : (BLOCK_M, BLOCK_N, warps, stages) to bypass autotuning (tests).
     tma : read K and V through tensor descriptors: None (default) when :func:`fp8_tma_eligible`,
         True to require it, False for pointer loads.
-    warp_specialize : let Triton split the unmasked key loop into producer and consumer warps
-        (``tl.range(..., warp_specialize=True)``). Off by default: not yet measured for this
-        kernel. On the H200 the Triton tutorial's unscaled FP8 kernel gained 8 % from it at
-        N = 16k and lost 2 % at N = 4k (results/triton_tutorial_fp8_h200); flashlab's bf16
-        forward gained 0.7 % (results/pipelining_h200).
+    pipeline : issue the next key tile's Q K^T before this tile's softmax (FlashAttention-3's
+        intra-warpgroup overlap, §3.2, written in Triton). Off by default: slower on the H200
+        with Triton 3.6, which waits for that dot right after issuing it and pays for a second
+        tile of scores in registers (results/fp8_tiles_h200; chapter 6).
+
+    There is no warp-specialisation switch: with Triton 3.6 the warp-specialised form of this
+    loop deadlocked on the H200 (results/fp8_ws_h200; chapter 6).
 
     Returns o (B, H, N_q, d) in ``out_dtype``.
     """
@@ -562,8 +566,6 @@ def flash_attention_fp8(
     scale = check_scale(scale, D)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    if not isinstance(warp_specialize, bool):
-        raise TypeError(f"warp_specialize must be a bool; got {type(warp_specialize).__name__}")
     if not isinstance(pipeline, bool):
         raise TypeError(f"pipeline must be a bool; got {type(pipeline).__name__}")
     if out_dtype not in OUT_DTYPES:
@@ -596,11 +598,6 @@ def flash_attention_fp8(
     widest = config[1] if config is not None else max(c.kwargs["BLOCK_N"] for c in _CONFIGS)
     even_n = not causal and N_K % widest == 0
     tma_q = use_tma and q.is_contiguous() and q.data_ptr() % 16 == 0
-    if warp_specialize and not (tma_q and even_n):
-        raise ValueError("warp_specialize=True needs TMA loads (see fp8_tma_eligible), a contiguous q, causal=False "
-                         f"and N_k a multiple of {widest} (Triton 3.6 warp-specialises this kernel only when it has "
-                         f"one key loop and reads Q through TMA); got TMA {use_tma}, q contiguous {q.is_contiguous()}, "
-                         f"causal {causal}, N_k = {N_K}")
     desc_q, desc_k, desc_v = q, k, v  # unused placeholders unless TMA
     if use_tma:  # block shapes follow the configuration (the autotuner's pre-hook sets them per config)
         bm, bn = (config[0], config[1]) if config is not None else (16, 16)
@@ -616,7 +613,7 @@ def flash_attention_fp8(
         H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
         Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
-        EVEN_N=even_n, WS=warp_specialize, PIPELINE=pipeline,
+        EVEN_N=even_n, PIPELINE=pipeline,
         **launch_options(config),
     )
     return o
