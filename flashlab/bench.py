@@ -236,6 +236,8 @@ def gpu_slug(name: str | None = None) -> str:
 
 
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
+OPTIONAL_IMPLS = ("flashlab_fp8",)  # asked for by name (--impls): FP8 forward, inputs quantised before timing
+FP8_BLOCK = 128  # rows per descale of flashlab_fp8's inputs
 
 
 def _impl(name: str, causal: bool) -> Callable:
@@ -248,7 +250,20 @@ def _impl(name: str, causal: bool) -> Callable:
     if name.startswith("sdpa_"):
         backend = name.removeprefix("sdpa_")
         return lambda q, k, v: fused_attention_torch(q, k, v, causal, backend)
-    raise ValueError(f"impl must be one of {KERNEL_IMPLS}; got {name!r}")
+    raise ValueError(f"impl must be one of {KERNEL_IMPLS + OPTIONAL_IMPLS}; got {name!r}")
+
+
+def _forward_fn(name: str, causal: bool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], object]:
+    """One forward pass of ``name`` on (q, k, v), ready to time. flashlab_fp8 times the FP8 kernel
+    on inputs quantised here, beforehand (per block of FP8_BLOCK rows, V keys-contiguous), as
+    FlashAttention-3 reports FP8 speed; chapter 6 times the quantisation separately."""
+    if name == "flashlab_fp8":
+        from .kernels.fp8 import flash_attention_fp8, quantize_qkv
+
+        pre = quantize_qkv(q, k, v, block=FP8_BLOCK)
+        return lambda: flash_attention_fp8(**pre, causal=causal)
+    fn = _impl(name, causal)
+    return lambda: fn(q, k, v)
 
 
 def _compile_one(kind: str, d: int, causal: bool, config: tuple) -> None:
@@ -318,15 +333,17 @@ def _run_jobs(jobs, rows, device, dtype, tokens, passes, progress) -> None:
     for i, (d, causal, n, impl) in enumerate(jobs, 1):
         B, H = max(1, tokens // n), max(1, HEAD_SIZE_TOTAL // d)
         fwd_flops = attention_flops(n, n, d, causal=causal, batch=B * H)
-        fn = _impl(impl, causal)
         for pas in passes:
+            if impl in OPTIONAL_IMPLS and pas != "fwd":
+                continue  # the FP8 kernel is forward-only
             try:
                 q, k, v = _qkv(B, H, n, d, dtype, device, grad=(pas == "fwdbwd"))
                 if pas == "fwd":
                     with torch.no_grad():
-                        ms = time_ms(lambda: fn(q, k, v), device)
+                        ms = time_ms(_forward_fn(impl, causal, q, k, v), device)
                     flops = fwd_flops
                 else:
+                    fn = _impl(impl, causal)
                     do = torch.randn_like(q)
                     ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do), device)
                     flops = 3.5 * fwd_flops
@@ -336,7 +353,7 @@ def _run_jobs(jobs, rows, device, dtype, tokens, passes, progress) -> None:
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
                 continue
-            row = {"impl": impl, "dtype": str(dtype).replace("torch.", ""), "causal": causal, "d": d, "N": n,
+            row = {"impl": impl, "dtype": "float8_e4m3fn" if impl == "flashlab_fp8" else str(dtype).replace("torch.", ""), "causal": causal, "d": d, "N": n,
                    "B": B, "H": H, "pass": pas, "ms": round(ms, 5), "tflops": round(flops / (ms * 1e-3) / 1e12, 2)}
             rows.append(row)
             if progress:
@@ -403,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ds", type=int, nargs="+", default=[64, 128], help="head dimensions of the kernel suite")
     parser.add_argument("--passes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"],
                         help="passes of the kernel suite")
+    parser.add_argument("--impls", nargs="+", choices=[*KERNEL_IMPLS, *OPTIONAL_IMPLS],
+                        help=f"implementations of the kernel suite (default {' '.join(KERNEL_IMPLS)}; "
+                             "flashlab_fp8: the FP8 forward, on a GPU with FP8 tensor cores)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
     import signal
@@ -422,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = 256 if args.quick else TOKENS
     written: list[Path] = []
     if args.suite in ("all", "kernels"):
-        impls = KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
+        impls = tuple(args.impls) if args.impls else KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
         if device == "cuda" and "flashlab" in impls:
             precompile_kernels(tuple(args.ds), passes=tuple(args.passes))
         rows = kernel_suite(ns, tuple(args.ds), impls=impls, device=device, dtype=dtype, tokens=tokens,

@@ -113,3 +113,19 @@ def test_note_value_reads_key_value_notes():
     assert results.note_value(row, "host_us") == 88.7 and results.note_value(row, "max_err") == 6.2e-05
     with pytest.raises(ValueError, match="key must be one of"):
         results.note_value(row, "ms")
+
+
+def test_kernel_suite_fp8_rows_are_forward_only(monkeypatch):
+    """flashlab_fp8 (asked for by name) gives forward rows with dtype float8_e4m3fn and no
+    forward+backward rows; its inputs are quantised before timing. Under the interpreter on CPU."""
+    import flashlab.kernels.fp8 as kfp8
+
+    if not kfp8.INTERPRET:
+        pytest.skip("runs the FP8 kernel under the Triton interpreter (the test suite's CPU mode)")
+    quantised = []
+    real = kfp8.quantize_qkv
+    monkeypatch.setattr(kfp8, "quantize_qkv", lambda *a, **kw: quantised.append(1) or real(*a, **kw))
+    rows = bench.kernel_suite([32], ds=(32,), impls=("flashlab_fp8",), device="cpu", dtype=torch.float32,
+                              tokens=32, causals=(False,), passes=("fwd", "fwdbwd"), progress=False)
+    assert [(r["impl"], r["dtype"], r["pass"]) for r in rows] == [("flashlab_fp8", "float8_e4m3fn", "fwd")]
+    assert quantised == [1]  # once, outside the timed function

@@ -579,10 +579,8 @@ def flash_attention_fp8(
     if v_block is not None:
         if config is not None:
             tiles = {config[1]}
-        elif INTERPRET:
-            tiles = {c.kwargs["BLOCK_N"] for c in _CONFIGS}
-        else:
-            tiles = {c[1] for c in (WIDE_CANDIDATES if block_d >= 256 else CANDIDATES)}
+        else:  # the configurations the autotuner may use here (one per width with FLASHLAB_AUTOTUNE=0)
+            tiles = {c.kwargs["BLOCK_N"] for c in _by_width(_CONFIGS, {"BLOCK_D": block_d})}
         if not any(v_block % bn == 0 for bn in tiles):
             raise ValueError(f"v_block must be a multiple of the kernel's BLOCK_N (one of {sorted(tiles)}); got {v_block}")
     eligible = fp8_tma_eligible(k, v)
