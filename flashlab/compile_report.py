@@ -1,0 +1,244 @@
+"""What the compiler made of a kernel, without a GPU: registers, spills, shared memory, warp
+specialisation and the instruction mix of the key loop, for Hopper (sm_90).
+
+    python -m flashlab.compile_report --out results          # writes results/compile_sm90.csv + .json
+
+Triton compiles for a GPU it is not running on when it is given the target: here
+``GPUTarget("cuda", 90, 32)``, an H100/H200. This module builds the argument types of
+flashlab's bf16 forward (:mod:`flashlab.kernels.forward`) and FP8 forward
+(:mod:`flashlab.kernels.fp8`) as their launchers would, compiles one configuration, and reads
+the result three ways:
+
+* the cubin's resource usage (``cuobjdump -res-usage``, shipped with Triton): registers per
+  thread and stack bytes, where spilled registers go;
+* the Triton GPU IR: whether a ``ttg.warp_specialize`` region exists, that is, whether
+  ``warp_specialize=True`` really split the loop into producer and consumer warps;
+* the SASS (``cuobjdump -sass``): the instructions of the longest loop, the key loop, counted by
+  opcode, and divided by the scores each thread computes per iteration.
+
+A compile that fails (a compiler pass that gives up) is recorded with its first error line.
+
+Register arithmetic (why the counts matter): an SM has 65536 registers and 228 KB of shared
+memory (227 KB for one program); a program of ``warps`` warps with ``regs`` registers per thread
+needs ``32 * warps * regs`` of them, so ``65536 // (32 * warps * regs)`` programs fit by registers
+(ignoring the allocation granularity), and a cap (``maxnreg``) can raise that number.
+
+The numbers depend on the Triton version (``triton`` in the record's provenance): the lent H200
+runs Triton 3.6, and ``make test`` installs whatever Triton the project pins.
+
+Glossary: register = 寄存器; spill = 溢出 (to local memory, 本地内存); shared memory = 共享内存;
+SASS = the GPU's machine code (机器码); opcode = 操作码; occupancy = 占用率 (programs per SM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["CASES", "compile_case", "loop_mix", "main", "report"]
+
+TARGET_ARCH = 90  # Hopper: H100, H200
+REGISTERS_PER_SM = 65536
+SHARED_PER_SM = 228 * 1024
+OPCODES = ("HGMMA", "QGMMA", "MUFU", "FMUL", "FFMA", "FADD", "FMNMX", "F2FP", "SHFL", "LDL", "STL")
+
+# (kernel, (BLOCK_M, BLOCK_N, warps, stages[, maxnreg]), d, options) compiled by main(): the
+# configurations chapters 6 and 8 discuss.
+CASES: list[tuple[str, tuple[int, ...], int, dict]] = [
+    ("forward", (128, 128, 8, 3), 128, {"tma": True}),
+    ("forward", (128, 128, 8, 3), 128, {"tma": True, "warp_specialize": True}),
+    ("forward", (128, 64, 4, 3), 128, {"tma": True}),
+    ("forward", (128, 64, 4, 3), 128, {"tma": True, "warp_specialize": True}),
+    ("forward", (128, 128, 4, 3), 128, {"tma": True}),
+    ("fp8", (128, 64, 4, 3), 128, {}),
+    ("fp8", (128, 128, 8, 3), 128, {}),
+    ("fp8", (64, 128, 4, 3), 128, {}),
+    ("fp8", (64, 128, 4, 2), 128, {}),
+    ("fp8", (64, 128, 4, 2, 168), 128, {}),
+    ("fp8", (64, 64, 4, 3), 128, {}),
+    ("fp8", (64, 128, 4, 3), 128, {"pipeline": True}),
+    ("fp8", (128, 128, 8, 3), 128, {"pipeline": True}),
+]
+
+
+def _tools() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def _signature(fn, pointers: dict[str, str], descriptors: dict[str, str], scalars: dict[str, str],
+               constexprs: dict[str, object]) -> tuple[dict, dict]:
+    """Types of every argument, and the 16-byte alignment the launcher would assume for pointers."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in descriptors:
+            sig[name] = descriptors[name]
+        else:
+            sig[name] = scalars.get(name, "i32")
+            if name.startswith("stride"):  # the suite's strides are multiples of 16
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
+    """Compile one configuration of ``kernel`` ("forward": bf16; "fp8": e4m3 with descales per
+    block of 128 rows) for sm_90, non-causal, N a multiple of the tiles, TMA loads for K and V
+    (and Q in the FP8 kernel). options: tma, warp_specialize (forward), pipeline (fp8).
+    Returns Triton's CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if kernel not in ("forward", "fp8"):
+        raise ValueError(f"kernel must be 'forward' or 'fp8'; got {kernel!r}")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("compile_report needs Triton's compiler, but TRITON_INTERPRET is set (the kernels are "
+                           "interpreted functions then); run it in a process without TRITON_INTERPRET")
+    bm, bn, warps, stages = config[:4]
+    extra = {"maxnreg": config[4]} if len(config) > 4 else {}
+    if kernel == "forward":
+        from .kernels import forward as kf
+
+        fn = kf._forward_kernel.fn
+        tma = options.get("tma", True)
+        desc = f"tensordesc<bf16[{bn}, {d}]>" if tma else "*bf16"
+        pointers = {n: "*bf16" for n in ("Q", "K", "V", "O")} | {"LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32"}
+        cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, WINDOW=False, VARLEN=False, PER_HEAD=False, UPCAST=False,
+                  IEEE=False, WS=bool(options.get("warp_specialize", False)), TMA=tma, BLOCK_M=bm, BLOCK_N=bn,
+                  stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1)
+        sig, attrs = _signature(fn, pointers, {"DESC_K": desc, "DESC_V": desc} if tma else {},
+                                {"qk_scale": "fp32"}, cx)
+        if not tma:
+            sig.update(DESC_K="*bf16", DESC_V="*bf16")
+    elif kernel == "fp8":
+        from .kernels import fp8 as k8
+
+        fn = k8._fp8_forward_kernel.fn
+        pointers = {n: "*fp8e4nv" for n in ("Q", "K", "V")} | {"O": "*bf16"} | {n: "*fp32" for n in ("QD", "KD", "VD")}
+        descriptors = {"DESC_Q": f"tensordesc<fp8e4nv[{bm}, {d}]>", "DESC_K": f"tensordesc<fp8e4nv[{bn}, {d}]>",
+                       "DESC_V": f"tensordesc<fp8e4nv[{d}, {bn}]>"}
+        cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, Q_SB=128, K_SB=128, V_SB=128, EMULATE_CAST=False, TMA=True,
+                  TMA_Q=True, EVEN_N=True, PIPELINE=bool(options.get("pipeline", False)), BLOCK_M=bm, BLOCK_N=bn,
+                  stride_qd=1, stride_kd=1, stride_vn=1, stride_od=1, stride_qdb=1, stride_kdb=1, stride_vdb=1)
+        sig, attrs = _signature(fn, pointers, descriptors, {"qk_scale": "fp32"}, cx)
+    else:
+        raise ValueError(f"kernel must be 'forward' or 'fp8'; got {kernel!r}")
+    src = ASTSource(fn, sig, cx, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32),
+                          options=dict(num_warps=warps, num_stages=stages, **extra))
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        return subprocess.run([str(_tools() / "cuobjdump"), flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def loop_mix(sass: str) -> collections.Counter:
+    """Opcode counts (first word of each instruction, predicate removed) of the key loop in
+    ``sass``: the shortest span from a backward branch's target to the branch that holds a
+    tensor-core instruction (HGMMA or QGMMA). Longer spans with a GMMA are not the loop: they
+    are retry jumps of barrier waits placed after it, and masked tail loops are longer too."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,6})\*/\s+(.*?)\s*;", line)
+        if m:
+            ins.append((int(m.group(1), 16), re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2))))
+    best: list[str] | None = None
+    for addr, text in ins:
+        m = re.match(r"BRA (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+            if any("GMMA" in t.split()[0] for t in body) and (best is None or len(body) < len(best)):
+                best = body
+    return collections.Counter(t.split()[0].split(".")[0] for t in best or [])
+
+
+class _quiet_stderr:
+    """Silence file descriptor 2 (a failing MLIR pass prints its whole module there)."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        return False
+
+
+def report(kernel: str, config: tuple[int, ...], d: int = 128, **options) -> dict[str, object]:
+    """One row: the configuration, then what the compiler made of it (see the module docstring)."""
+    bm, bn, warps, stages = config[:4]
+    row: dict[str, object] = {"kernel": kernel, "d": d, "BLOCK_M": bm, "BLOCK_N": bn, "warps": warps,
+                              "stages": stages, "maxnreg": config[4] if len(config) > 4 else "",
+                              "tma": options.get("tma", True), "warp_specialize": options.get("warp_specialize", False),
+                              "pipeline": options.get("pipeline", False)}
+    try:
+        with _quiet_stderr():
+            k = compile_case(kernel, config, d, **options)
+    except Exception as exc:  # a pass that gives up: keep the first line
+        return row | {"status": f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}".replace(",", ";")}
+    usage = _cuobjdump(k.asm["cubin"], "-res-usage")
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+    total_warps = int(k.metadata.num_warps)
+    mix = loop_mix(_cuobjdump(k.asm["cubin"], "-sass"))
+    loop = sum(mix.values())
+    consumers = 2 if "ttg.warp_specialize" in k.asm["ttgir"] else 1  # Triton splits BLOCK_M over two consumer groups
+    scores = bm * bn / (32 * warps * consumers)  # scores one (consumer) thread computes per iteration
+    fit_regs = REGISTERS_PER_SM // (32 * total_warps * regs)
+    fit_smem = SHARED_PER_SM // max(1, int(k.metadata.shared) + 1024)  # 1 KB reserved per program
+    return row | {
+        "status": "ok", "registers": regs, "stack_bytes": stack, "shared_bytes": int(k.metadata.shared),
+        "warp_specialized": consumers == 2, "total_warps": total_warps,
+        "programs_per_sm": min(fit_regs, fit_smem), "loop_instructions": loop,
+        "instructions_per_score": round(loop / scores, 2) if loop else "",
+        **{op.lower(): mix.get(op, 0) for op in OPCODES},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .bench import provenance
+    from .results import write
+
+    parser = argparse.ArgumentParser(prog="python -m flashlab.compile_report", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="results", help="folder for compile_sm90.csv/.json")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="flashlab-sm90-"))
+    rows = []
+    for kernel, config, d, options in CASES:
+        rows.append(report(kernel, config, d, **options))
+        print(rows[-1], flush=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    rows = [{k: r.get(k, "") for k in keys} for r in rows]
+    meta = provenance("python -m flashlab.compile_report " + " ".join(argv if argv is not None else sys.argv[1:]))
+    meta.update(gpu="none: compiled for sm_90 (H100/H200) on a CPU", driver="none",
+                note="Offline compilation with this record's Triton; no kernel was run. programs_per_sm counts "
+                     "registers and shared memory only (no allocation granularity).")
+    for path in write("compile_sm90", rows, meta, args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""flashlab.compile_report: compiling for Hopper on a CPU, and reading the key loop out of SASS."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flashlab import compile_report
+
+
+def _report(*args) -> dict:
+    """compile_report.report in a fresh process without TRITON_INTERPRET (the test suite sets it,
+    and interpreted kernels cannot be compiled)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = f"import json; from flashlab import compile_report as c; print(json.dumps(c.report(*{args!r})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   FFMA R2, R3, R4, R5 ;
+        /*0020*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0030*/                   MUFU.EX2 R6, R7 ;
+        /*0040*/               @P0 BRA 0x10 ;
+        /*0050*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R2 ;
+        /*0060*/              @!P1 BRA 0x0 ;
+"""
+
+
+def test_loop_mix_takes_the_shortest_loop_with_a_tensor_core_instruction():
+    """0x10-0x40 is the key loop; 0x00-0x60 (a barrier wait's retry jump) also spans a GMMA but is longer."""
+    mix = compile_report.loop_mix(SASS)
+    assert mix == {"FFMA": 1, "HGMMA": 1, "MUFU": 1, "BRA": 1}
+
+
+def test_loop_mix_ignores_loops_without_matrix_instructions():
+    assert compile_report.loop_mix(SASS.replace("HGMMA.64x128x16.F32.BF16", "FADD")) == {}
+
+
+def test_compiles_the_fp8_kernel_for_sm90_without_a_gpu():
+    """One configuration of the FP8 forward, compiled for an H100/H200 on this CPU."""
+    row = _report("fp8", (64, 64, 4, 2), 128)
+    assert row["status"] == "ok", row["status"]
+    assert 0 < row["registers"] <= 255 and row["stack_bytes"] >= 0
+    assert row["qgmma"] > 0 and row["mufu"] > 0 and row["hgmma"] == 0  # fp8 x fp8 dots, exp2 on the MUFU
+    assert row["programs_per_sm"] >= 1 and row["instructions_per_score"] > 1
+
+
+def test_register_cap_is_applied():
+    capped = _report("fp8", (64, 128, 4, 2, 128), 128)
+    assert capped["status"] == "ok" and capped["registers"] <= 128 and capped["maxnreg"] == 128
+
+
+def test_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="kernel must be 'forward' or 'fp8'"):
+        compile_report.compile_case("backward", (64, 64, 4, 2))
+
+
+def test_interpreter_mode_is_named(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        compile_report.compile_case("fp8", (64, 64, 4, 2))
