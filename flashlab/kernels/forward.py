@@ -253,7 +253,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     - ``config`` = (BLOCK_M, BLOCK_N, warps, stages) bypasses autotuning (tests, experiments);
     - ``window`` = (left, right) sliding window, -1 = unbounded (flash-attn's convention);
     - ``grid`` = "v2" (query blocks x heads) or "v1" (one program per head, chapter 5);
-    - ``warp_specialize`` = let Triton split the main loop into producer/consumer warps (chapter 6);
+    - ``warp_specialize`` = ask Triton to split the main loop into producer/consumer warps. With Triton
+      3.6 on sm_90 it changes nothing at 8 warps and fails to compile at 4 (results/compile_sm90, chapter 6);
     - ``tma`` = load K and V through tensor descriptors (True: required; None, the default:
       when :func:`tma_eligible` and N_k >= TMA_MIN_KEYS; False: pointer loads). On the H200
       this lifts the d = 128 forward from 480 to 553 TFLOP/s (results/pipelining_h200, chapter 6);

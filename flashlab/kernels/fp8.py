@@ -21,16 +21,16 @@ normal numbers only down to 2^-6, so FlashAttention-3 subtracts 8 from the max
 reaches 448), so entries down to 2^-14 of the row max keep the full 3-bit mantissa.
 l sums the same scaled values, so O / l needs no 1/256 at all.
 
-Descales (缩放因子). q_descale is (B, H, ceil(N_q / q_block)), row i uses entry
-i // q_block; likewise k_descale and v_descale along N_k; block None means one
-descale per (batch, head), shape (B, H, 1). The quantisation blocks need not match
-the kernel's tiles (BLOCK_M, BLOCK_N, chosen by autotuning): Q's descales are gathered
-once per program, one per row; K's is one scalar per key tile when k_block is a
-multiple of BLOCK_N, else a vector of BLOCK_N (one per key). V's must be one scalar
-per key tile (v_block a multiple of BLOCK_N, or None): it cannot scale P's columns
-before the fp8 cast without changing P's grid, so the kernel keeps O in units of the
-current tile's descale u and rescales O by u_old / u_new with the softmax's alpha,
-a per-row factor that costs nothing extra per element.
+Descales (缩放因子). q_descale is (B, H, ceil(N_q / q_block)), row i uses entry i //
+q_block; likewise k_descale and v_descale along N_k; block None means one descale per
+(batch, head), shape (B, H, 1). The quantisation blocks need not match the kernel's
+tiles (BLOCK_M, BLOCK_N, chosen by autotuning): Q's is one scalar per program when
+q_block is a multiple of BLOCK_M, else gathered once, one per row; K's is one scalar per
+key tile when k_block is a multiple of BLOCK_N, else a vector of BLOCK_N (one per key).
+V's must be one scalar per key tile (v_block a multiple of BLOCK_N, or None): it cannot
+scale P's columns before the fp8 cast without changing P's grid, so the kernel keeps O
+in units of the current tile's descale u and rescales O by u_old / u_new with the
+softmax's alpha, a per-row factor that costs nothing extra per element.
 
 V's layout. On Hopper (sm_90) an fp8 wgmma takes its B operand from shared memory in
 K-major order only (fp16/bf16 also accept MN-major). For S = Q K^T, B = K^T and K's rows
@@ -47,9 +47,10 @@ matrix), so (Q R)(K R)^T = Q K^T while an outlier in one coordinate spreads over
 
 TMA (chapter 6). When the layout allows (:func:`fp8_tma_eligible`: a Hopper GPU, K
 contiguous, V keys-contiguous, d a power of two >= 32, N_k a multiple of 16), K and V
-tiles come through tensor descriptors, as in forward.py: K as rows of the (Z*H*N_k, d)
-view (rows past N_k belong to the next head and are masked out of S), V as columns of the
-(Z*H*d, N_k) view of its keys-contiguous memory (columns past N_k are zero-filled).
+tiles come through tensor descriptors (and Q's tile too, when Q is contiguous), as in
+forward.py: K as rows of the (Z*H*N_k, d) view (rows past N_k belong to the next head
+and are masked out of S), V as columns of the (Z*H*d, N_k) view of its keys-contiguous
+memory (columns past N_k are zero-filled).
 
 Under the interpreter (TRITON_INTERPRET=1) fp8 loads and fp8 ``tl.dot`` are exact, but the
 fp32 -> fp8 cast rounds wrongly when rounding carries into the next binade (7.9 -> 4
