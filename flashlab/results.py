@@ -58,7 +58,11 @@ class Recorded:
         torch_version = str(m.get("torch", "?")).split("+")[0]
         date = re.match(r"\d{4}-\d{2}-\d{2}", str(m.get("date", ""))) or None
         when = f", {date.group(0)}" if date else ""
-        return f"measured on an {m.get('gpu', 'unknown GPU')} (torch {torch_version}, Triton {m.get('triton', '?')}){when}; results/{self.stem}"
+        gpu = str(m.get("gpu", "unknown GPU"))
+        if gpu.startswith("none"):  # compiled, not run (flashlab.compile_report): "none: compiled for sm_90 ..."
+            what = gpu.split(":", 1)[-1].strip() if ":" in gpu else "not run on a GPU"
+            return f"{what} (Triton {m.get('triton', '?')}){when}; results/{self.stem}"
+        return f"measured on an {gpu} (torch {torch_version}, Triton {m.get('triton', '?')}){when}; results/{self.stem}"
 
     def where(self, **conditions: object) -> list[dict[str, object]]:
         """The rows whose columns equal every given value, e.g. ``where(backend="naive", d=64)``."""
