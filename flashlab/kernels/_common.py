@@ -181,24 +181,41 @@ def causal_range_tl(start_m, BLOCK_M: tl.constexpr, N_Q, N_K, BLOCK_N: tl.conste
 
 
 @triton.jit
-def load_kv_tiles(k_ptrs, v_ptrs, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, UPCAST: tl.constexpr):
-    """K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D) through pointers, as every kernel's key
-    loop reads them: masked by the key bound ``n_ok`` (BLOCK_N,) in MASKED blocks, by the head
-    dimension ``d_ok`` (BLOCK_D,) where it is padded to a power of two, plain loads otherwise;
-    upcast to fp32 under the interpreter (UPCAST), whose bf16 dots are wrong."""
+def load_k_tile(k_ptrs, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, UPCAST: tl.constexpr):
+    """K_j^T (BLOCK_D, BLOCK_N) through pointers: masked by the key bound ``n_ok`` (BLOCK_N,) in
+    MASKED blocks, by the head dimension ``d_ok`` (BLOCK_D,) where it is padded to a power of two,
+    a plain load otherwise; upcast to fp32 under the interpreter (UPCAST), whose bf16 dots are wrong."""
     if MASKED:
         k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     elif PADDED_D:
         k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
     else:
         k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
     if UPCAST:
         k = k.to(tl.float32)
+    return k
+
+
+@triton.jit
+def load_v_tile(v_ptrs, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, UPCAST: tl.constexpr):
+    """V_j (BLOCK_N, BLOCK_D) through pointers, masked like :func:`load_k_tile`."""
+    if MASKED:
+        v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    elif PADDED_D:
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    if UPCAST:
         v = v.to(tl.float32)
-    return k, v
+    return v
+
+
+@triton.jit
+def load_kv_tiles(k_ptrs, v_ptrs, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, UPCAST: tl.constexpr):
+    """K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D) through pointers, as every kernel's key
+    loop reads them (:func:`load_k_tile`, :func:`load_v_tile`)."""
+    return (load_k_tile(k_ptrs, n_ok, d_ok, MASKED, PADDED_D, UPCAST),
+            load_v_tile(v_ptrs, n_ok, d_ok, MASKED, PADDED_D, UPCAST))
 
 
 @triton.jit

@@ -88,7 +88,8 @@ from ._common import (
     configs,
     has_tma,
     launch_options,
-    load_kv_tiles,
+    load_k_tile,
+    load_v_tile,
     pruner,
 )
 
@@ -201,33 +202,25 @@ def _fold_fp8(
 @triton.jit
 def _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n_ok, d_ok,
             MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
-    """K8_j^T (BLOCK_D, BLOCK_N) for keys start_n + [0, BLOCK_N). TMA reads whole rows of the
-    (Z*H*N_K, d) view (rows past N_K belong to the next head; S masks them); pointer loads are
-    masked by the key bound in MASKED tiles and by d where it is padded."""
+    """K8_j^T (BLOCK_D, BLOCK_N) for keys start_n + [0, BLOCK_N): through TMA, whole rows of the
+    (Z*H*N_K, d) view (rows past N_K belong to the next head; S masks them), or through pointers
+    (_common.load_k_tile). Kept in fp8: fp8 loads and dots are exact under the interpreter."""
     if TMA:
         k = desc_k.load([k_row0 + start_n, 0]).T
-    elif MASKED:
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-    elif PADDED_D:
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=d_ok[:, None], other=0.0)
     else:
-        k = tl.load(k_ptrs + start_n * stride_kn)
+        k = load_k_tile(k_ptrs + start_n * stride_kn, n_ok, d_ok, MASKED, PADDED_D, False)
     return k
 
 
 @triton.jit
 def _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, n_ok, d_ok,
             MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
-    """V8_j (BLOCK_N, BLOCK_D) for keys start_n + [0, BLOCK_N). TMA reads columns of the
-    keys-contiguous (Z*H*d, N_K) view (columns past N_K are zero-filled)."""
+    """V8_j (BLOCK_N, BLOCK_D) for keys start_n + [0, BLOCK_N): through TMA, columns of the
+    keys-contiguous (Z*H*d, N_K) view (columns past N_K are zero-filled), or through pointers."""
     if TMA:
         v = desc_v.load([v_row0, start_n]).T
-    elif MASKED:
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    elif PADDED_D:
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=d_ok[None, :], other=0.0)
     else:
-        v = tl.load(v_ptrs + start_n * stride_vn)
+        v = load_v_tile(v_ptrs + start_n * stride_vn, n_ok, d_ok, MASKED, PADDED_D, False)
     return v
 
 
@@ -271,7 +264,6 @@ def _attend_fp8(
     else:
         for start_n in tl.range(lo, hi, BLOCK_N):
             n = start_n + offs_n  # (BLOCK_N,) key indices
-            # K8_j^T and V8_j stay fp8 (fp8 loads and dots are exact under the interpreter, so no upcast)
             k = _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n < N_K, d_ok, MASKED, PADDED_D, TMA)
             v = _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, n < N_K, d_ok, MASKED, PADDED_D, TMA)
             qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
@@ -323,9 +315,10 @@ def _fp8_forward_kernel(
         q = DESC_Q.load([off_zh * N_Q + start_m * BLOCK_M, 0])  # Q8_i stays on chip
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    # r_i = scale * log2(e) * dq_i, one factor per query row
-    # A scalar when the whole query tile shares one descale (Triton 3.6's warp specialisation mishandles
-    # a (BLOCK_M,) vector made before the loop: a per-row gather stops it compiling).
+    # r_i = scale * log2(e) * dq_i, one factor per query row: a scalar when the whole query tile
+    # shares one descale (the default blocks of 128 rows), which holds no register per row.
+    # (This, Q through TMA and the single loop of EVEN_N came with the warp-specialisation attempt of
+    # chapter 6; they stayed because the recorded H200 measurements were made with them.)
     ROW_SCALAR: tl.constexpr = Q_SB == 0 or Q_SB % BLOCK_M == 0
     if Q_SB == 0:
         row_factor = qk_scale * tl.load(qd_ptr)
