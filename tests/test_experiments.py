@@ -44,3 +44,17 @@ def test_isolated_reports_results_crashes_and_hangs():
     assert experiments.isolated("tests.test_experiments:_returns", (5,), timeout=60) == ([5], "ok")
     assert experiments.isolated("tests.test_experiments:_exits", (), timeout=60) == (None, "crashed (exit 3)")
     assert experiments.isolated("tests.test_experiments:_sleeps", (), timeout=2) == (None, "timeout")
+
+
+def test_fp8_tile_rows_have_the_recorded_columns():
+    """A variant's row (also the one written for a crashed or hung variant) names the columns of
+    results/fp8_tiles_h200 in their order, so new runs and the recorded one read alike."""
+    from flashlab import results
+    from flashlab.experiments import fp8
+
+    recorded = list(results.load("fp8_tiles_h200").rows[0])
+    row = fp8._tile_row((64, 128, 4, 2, 168), 128, 4096, "tma", False)
+    assert list(row) == recorded[: len(row)]
+    assert recorded[len(row):] == ["ms", "tflops", "max_err", "status"]
+    assert (row["maxnreg"], row["B"], row["H"]) == (168, 4, 16)
+    assert fp8._tile_row((128, 64, 4, 3), None, 16384, "pointer", True)["maxnreg"] == ""

@@ -74,12 +74,17 @@ def measure_case(row: dict[str, object], run: Callable[[], torch.Tensor], refere
     return row
 
 
+def _function(target: str) -> Callable:
+    """The function that ``"module:function"`` names."""
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def _call(spec: tuple[str, tuple]) -> str:
     """Run ``module:function(*args)`` once (in a worker process); return "ok" or the error."""
     target, args = spec
-    module, func = target.split(":")
     try:
-        getattr(importlib.import_module(module), func)(*args)
+        _function(target)(*args)
         return "ok"
     except Exception as exc:  # the timed run reports failures; here they only cost a compile
         return f"{type(exc).__name__}: {str(exc)[:100]}"
@@ -103,8 +108,7 @@ def precompile(calls: list[tuple[str, tuple]], workers: int = 12) -> list[str]:
 
 
 def _rows_into(queue, target: str, args: tuple) -> None:
-    module, func = target.split(":")
-    queue.put(getattr(importlib.import_module(module), func)(*args))
+    queue.put(_function(target)(*args))
 
 
 def isolated(target: str, args: tuple, timeout: float) -> tuple[object, str]:
@@ -160,10 +164,9 @@ def run(names: list[str], out: str | Path) -> list[Path]:
         raise ValueError(f"experiment names must be among {sorted(EXPERIMENTS)}; got {unknown}")
     written: list[Path] = []
     for name in names:
-        module, func = EXPERIMENTS[name].split(":")
         print(f"== {name}", flush=True)
         try:
-            written += getattr(importlib.import_module(module), func)(Path(out))
+            written += _function(EXPERIMENTS[name])(Path(out))
         except Exception as exc:  # keep going: one broken experiment must not lose the others' results
             import traceback
 

@@ -139,6 +139,14 @@ TILE_VARIANTS = [
 TILE_NS = (4096, 8192, 16384)
 
 
+def _tile_row(config: tuple[int, ...], block: int | None, n: int, path: str, pipeline: bool) -> dict[str, object]:
+    """The columns that name one FP8 variant at sequence length n (timings are added to it)."""
+    return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
+            "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
+            "block": block or "", "path": path, "pipeline": pipeline,
+            "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
+
+
 def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: str = "pointer",
                pipeline: bool = False, timed: bool = False) -> dict[str, object]:
     """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
@@ -154,14 +162,12 @@ def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: 
     q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
     if config is None:
         fn = lambda: flash_attention(q, k, v)  # noqa: E731
-        row = {"impl": "flashlab", "dtype": "bfloat16", "BLOCK_M": "", "BLOCK_N": "", "warps": "", "stages": "",
-               "maxnreg": "", "block": "", "path": "", "pipeline": ""}
+        row = {"impl": "flashlab", "dtype": "bfloat16",
+               **dict.fromkeys(("BLOCK_M", "BLOCK_N", "warps", "stages", "maxnreg", "block", "path", "pipeline"), "")}
     else:
         pre = quantize_qkv(q, k, v, block=block)
         fn = lambda: flash_attention_fp8(**pre, config=config, tma=path == "tma", pipeline=pipeline)  # noqa: E731
-        row = {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-               "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
-               "block": block or "", "path": path, "pipeline": pipeline}
+        row = _tile_row(config, block, n, path, pipeline)
     row.update(d=d, N=n, B=B, H=H)
     return measure_case(row, fn, lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()),
                         _flops(B, H, n, d, False), timed)
@@ -185,11 +191,9 @@ def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
         print(row, flush=True)
     for config, path, pipeline, block in TILE_VARIANTS:
         got, status = isolated("flashlab.experiments.fp8:_variant_rows", (config, block, path, pipeline), timeout)
-        if got is None:
-            got = [{"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-                    "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
-                    "block": block or "", "path": path, "pipeline": pipeline, "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128, "ms": "", "tflops": "", "max_err": "",
-                    "status": status} for n in TILE_NS]
+        if got is None:  # crashed or hung: the variant's rows say so
+            got = [_tile_row(config, block, n, path, pipeline) | {"ms": "", "tflops": "", "max_err": "", "status": status}
+                   for n in TILE_NS]
         for row in got:
             print(row, flush=True)
         rows += got
