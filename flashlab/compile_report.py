@@ -204,13 +204,12 @@ def report(kernel: str, config: tuple[int, ...], d: int = 128, **options) -> dic
     total_warps = int(k.metadata.num_warps)
     mix = loop_mix(_cuobjdump(k.asm["cubin"], "-sass"))
     loop = sum(mix.values())
-    consumers = 2 if "ttg.warp_specialize" in k.asm["ttgir"] else 1  # Triton splits BLOCK_M over two consumer groups
-    scores = bm * bn / (32 * warps * consumers)  # scores one (consumer) thread computes per iteration
+    scores = bm * bn / (32 * warps)  # scores one thread computes per iteration of the key loop
     fit_regs = REGISTERS_PER_SM // (32 * total_warps * regs)
     fit_smem = SHARED_PER_SM // max(1, int(k.metadata.shared) + 1024)  # 1 KB reserved per program
     return row | {
         "status": "ok", "registers": regs, "stack_bytes": stack, "shared_bytes": int(k.metadata.shared),
-        "warp_specialized": consumers == 2, "total_warps": total_warps,
+        "warp_specialized": "ttg.warp_specialize" in k.asm["ttgir"], "total_warps": total_warps,
         "programs_per_sm": min(fit_regs, fit_smem), "loop_instructions": loop,
         "instructions_per_score": round(loop / scores, 2) if loop else "",
         **{op.lower(): mix.get(op, 0) for op in OPCODES},
