@@ -78,20 +78,23 @@ def _round_to(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 
 def _check_against_dequantised(q, k, v, causal, blocks, out_dtype=torch.bfloat16, transpose_v=True, config=None,
-                               shift_check=False):
-    """Quantise, run the kernel, compare with float64 attention of the dequantised inputs."""
+                               shift_check=False, **options):
+    """Quantise, run the kernel (``options``: more of its keywords), compare with float64
+    attention of the dequantised inputs."""
     (q8, qd), (k8, kd), (v8, vd) = (quantize_fp8(t, b) for t, b in zip((q, k, v), blocks))
     v_in = v8.transpose(-2, -1).contiguous().transpose(-2, -1) if transpose_v else v8
     o = flash_attention_fp8(q8, k8, v_in, causal, None, qd, kd, vd, q_block=blocks[0], k_block=blocks[1],
-                            v_block=blocks[2], out_dtype=out_dtype, config=config)
+                            v_block=blocks[2], out_dtype=out_dtype, config=config, **options)
     assert o.dtype == out_dtype and o.shape == q.shape
     Q, K, V = (_np(dequantize_fp8(t8, d, b)) for t8, d, b in zip((q8, k8, v8), (qd, kd, vd), blocks))
     ref = attention(Q, K, V, causal)
-    emu = _round_to(_emulate(Q, K, V, causal), out_dtype)
+    # With rescale_threshold theta, P = 2^(8 - theta) exp2(S - m_ref) with m_ref within theta of the
+    # max: the emulation rounds 2^(8 - theta) P, the range the kernel is sure to keep.
+    emu = _round_to(_emulate(Q, K, V, causal, shift=kfp8.P_SHIFT - (options.get("rescale_threshold") or 0.0)), out_dtype)
     got = _np(o)
     err_rmse, err_max = rmse(got, ref), np.abs(got - ref).max()
     emu_rmse, emu_max = rmse(emu, ref), np.abs(emu - ref).max()
-    what = f"{tuple(q.shape)=}, {tuple(k.shape)=}, {causal=}, {blocks=}, {config=}"
+    what = f"{tuple(q.shape)=}, {tuple(k.shape)=}, {causal=}, {blocks=}, {config=}, {options=}"
     assert err_rmse <= 1.5 * emu_rmse + 1e-5, f"RMSE {err_rmse:.2e} > 1.5 x emulation's {emu_rmse:.2e} ({what})"
     assert err_max <= 2 * emu_max + 1e-5, f"max error {err_max:.2e} > 2 x emulation's {emu_max:.2e} ({what})"
     if shift_check:  # the inputs must make P's scaling matter, or the test proves nothing
@@ -297,6 +300,32 @@ def test_rotate_preserves_scores_and_spreads_outliers():
     assert qm.abs().max().item() < 0.25 * q.abs().max().item()  # 100 spread over 64 coordinates: 12.5 + noise
 
 
+RESCALE_CASES = [  # (N_q, N_k, causal, (q_block, k_block, v_block), theta)
+    (64, 64, False, (16, 16, None), 2.0),  # V per head: the case where skipping saves work
+    (48, 80, True, (16, 32, None), 2.0),  # causal, N_q < N_k: masked tiles take the same decision
+    (80, 48, True, (16, 16, 16), 0.0),  # V per block: O is rescaled by dv ratios on every tile
+    (37, 37, False, (None, None, None), 4.0),  # P = 2^4 exp2(S - m_ref); ragged N
+]
+
+
+def _rising_keys(n_k: int, d: int, seed: int) -> torch.Tensor:
+    """Keys whose size grows along N (0.5x to 4x): each row's max rises tile after tile, by
+    less than theta on some tiles and by more on others."""
+    return _randn(1, 2, n_k, d, seed=seed) * torch.linspace(0.5, 4.0, n_k, device=DEVICE)[:, None]
+
+
+@runs_somewhere
+@needs_fp8
+@pytest.mark.parametrize("n_q, n_k, causal, blocks, theta", RESCALE_CASES)
+def test_conditional_rescaling_matches_dequantised_reference(n_q, n_k, causal, blocks, theta):
+    """rescale_threshold (FlashAttention-4's conditional rescaling in the FP8 kernel) keeps the
+    reference max until some row rises past theta; the answer meets the same bounds."""
+    n_q, n_k = n_q * SIZE, n_k * SIZE
+    blocks = tuple(None if b is None else b * SIZE for b in blocks)
+    q, k, v = _randn(1, 2, n_q, 32, seed=21), _rising_keys(n_k, 32, seed=22), _randn(1, 2, n_k, 32, seed=23)
+    _check_against_dequantised(q, k, v, causal, blocks, rescale_threshold=theta)
+
+
 # --------------------------------------------------------------- bad input
 def _fp8(*shape):
     return torch.zeros(*shape).to(torch.float8_e4m3fn)
@@ -328,6 +357,9 @@ GOOD = (_fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16))
         (GOOD, {"out_dtype": torch.int8}, TypeError, ["out_dtype must be"]),
         (GOOD, {"causal": "yes"}, TypeError, ["causal must be a bool"]),
         (GOOD, {"pipeline": "yes"}, TypeError, ["pipeline must be a bool", "str"]),
+        (GOOD, {"rescale_threshold": 9.0}, ValueError, ["rescale_threshold must be None or a number in [0, 8]", "9.0"]),
+        (GOOD, {"rescale_threshold": -1}, ValueError, ["rescale_threshold must be", "-1"]),
+        (GOOD, {"rescale_threshold": True}, ValueError, ["rescale_threshold must be", "True"]),
     ],
 )
 def test_bad_input(args, kwargs, exc, words):
@@ -348,6 +380,9 @@ def test_bad_input(args, kwargs, exc, words):
         (rotate, (torch.zeros(1, 2, 8, 24), torch.zeros(1, 2, 8, 24)), {}, ValueError, ["power of two", "24"]),
         (rotate, (torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 32)), {}, ValueError, ["same head dimension"]),
         (quantize_qkv, (torch.zeros(1, 2, 8, 16),) * 3, {"block": 2.5}, ValueError, ["block must be None or a positive int"]),
+        (quantize_qkv, (torch.zeros(1, 2, 8, 16),) * 3, {"v_block": "per-head"}, ValueError,
+         ["v_block must be 'same', None or a positive int", "per-head"]),
+        (quantize_qkv, (torch.zeros(1, 2, 8, 16),) * 3, {"v_block": 0}, ValueError, ["block must be None or a positive int"]),
         (flash_attention_fp8_from, (torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16, dtype=torch.float16),
                                     torch.zeros(1, 2, 8, 16)), {}, TypeError, ["same dtype"]),
     ],
@@ -374,6 +409,16 @@ def test_gpu_full_size(causal, d):
     n = 1000 if d == 256 else 2048
     q, k, v = (_randn(2, 4, n, d, seed=s).to(torch.bfloat16) for s in (10, 11, 12))
     _check_against_dequantised(q, k, v, causal, (128, 128, 128))
+
+
+@needs_gpu
+@needs_fp8
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_conditional_rescaling_full_size(causal):
+    """The bench's shape of the threshold path: d = 128, Q and K per block, V per head."""
+    q, v = (_randn(2, 4, 2048, 128, seed=s).to(torch.bfloat16) for s in (16, 17))
+    k = (_randn(2, 4, 2048, 128, seed=18) * torch.linspace(0.5, 4.0, 2048, device=DEVICE)[:, None]).to(torch.bfloat16)
+    _check_against_dequantised(q, k, v, causal, (128, 128, None), rescale_threshold=2.0)
 
 
 @needs_gpu

@@ -37,6 +37,7 @@ EXPERIMENTS: dict[str, str] = {
     "decode": "flashlab.experiments.kernels:decode",
     "fp8": "flashlab.experiments.fp8:run",
     "fp8tiles": "flashlab.experiments.fp8:tiles",
+    "fp8rescale": "flashlab.experiments.fp8:rescaling",
     "fa4": "flashlab.experiments.fa4:run",
 }
 

@@ -198,3 +198,66 @@ def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
             print(row, flush=True)
         rows += got
     return record("fp8_tiles", rows, out)
+
+
+# Variants tried by :func:`rescaling`: ((BLOCK_M, BLOCK_N, warps, stages), v_block, rescale_threshold,
+# pipeline), all with Q and K per block of 128 rows and TMA loads. v_block None is one V descale per
+# (batch, head), as FlashAttention-3 scales V; only then can a tile skip O's rescaling entirely.
+RESCALE_VARIANTS = [
+    ((64, 128, 4, 3), 128, None, False),  # fp8_tiles' fastest, as recorded there: the baseline
+    ((64, 128, 4, 3), None, None, False),  # V per head, rescaled every tile
+    ((64, 128, 4, 3), 128, 2.0, False),  # threshold, but V per block: O is multiplied every tile anyway
+    ((64, 128, 4, 3), None, 0.0, False),  # threshold 0: rescale whenever any row rises (the decision's cost)
+    ((64, 128, 4, 3), None, 2.0, False),  # threshold 2: rescale only on rises past 4x
+    ((64, 128, 4, 2), None, 2.0, False),  # ... 2 stages: 168 registers, 72 KB: three programs per SM
+    ((128, 128, 8, 3), None, 2.0, False),  # ... two warp groups per program
+    ((64, 128, 4, 3), None, 2.0, True),  # ... and the next tile's QK^T issued before this softmax
+]
+
+
+def _rescale_row(config: tuple[int, ...], v_block: int | None, threshold: float | None, pipeline: bool,
+                 n: int) -> dict[str, object]:
+    """The columns that name one RESCALE_VARIANTS entry at sequence length n."""
+    return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
+            "warps": config[2], "stages": config[3], "block": BLOCK, "v_block": v_block or "",
+            "threshold": "" if threshold is None else threshold, "pipeline": pipeline,
+            "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
+
+
+def _rescale_rows(config, v_block: int | None, threshold: float | None, pipeline: bool) -> list[dict[str, object]]:
+    """One RESCALE_VARIANTS entry at every TILE_NS, timed (run in its own process by :func:`rescaling`)."""
+    from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
+
+    rows = []
+    for n in TILE_NS:
+        B, H, d = TOKENS // n, HEADS_X_D // 128, 128
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+        pre = quantize_qkv(q, k, v, block=BLOCK, v_block=v_block)
+        fn = lambda: flash_attention_fp8(**pre, config=config, pipeline=pipeline, rescale_threshold=threshold)  # noqa: E731
+        exact = lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())  # noqa: E731
+        rows.append(measure_case(_rescale_row(config, v_block, threshold, pipeline, n), fn, exact,
+                                 _flops(B, H, n, d, False), True))
+    return rows
+
+
+def rescaling(out: Path, timeout: float = 50.0) -> list[Path]:
+    """FlashAttention-4's conditional rescaling inside the FP8 kernel (RESCALE_VARIANTS) beside
+    flashlab's autotuned bf16 forward, d = 128, non-causal, B·N = 16k tokens: how much of the
+    per-score work the skipped O rescale saves, and where FP8 then stands against 1.5x bf16.
+    Each variant runs in its own process (:func:`isolated`), as in :func:`tiles`."""
+    require_gpu()
+    from . import isolated
+
+    rows = [_tile_case(None, 0, n, timed=True) for n in TILE_NS]
+    for row in rows:
+        print(row, flush=True)
+    for config, v_block, threshold, pipeline in RESCALE_VARIANTS:
+        got, status = isolated("flashlab.experiments.fp8:_rescale_rows", (config, v_block, threshold, pipeline), timeout)
+        if got is None:
+            got = [_rescale_row(config, v_block, threshold, pipeline, n) | {"ms": "", "tflops": "", "max_err": "",
+                                                                            "status": status} for n in TILE_NS]
+        for row in got:
+            print(row, flush=True)
+        rows += got
+    return record("fp8_rescale", rows, out)

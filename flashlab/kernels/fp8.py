@@ -154,6 +154,7 @@ def _fold_fp8(
     kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
     BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, ROW_SCALAR: tl.constexpr,
+    SHIFT: tl.constexpr, THETA: tl.constexpr,
 ):
     """Fold key tile j (keys n = start_n + [0, BLOCK_N)) into (acc, l_i, m_i, v_unit): the online
     softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores."""
@@ -178,22 +179,42 @@ def _fold_fp8(
             visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
         s = tl.where(visible, qk * f_rows, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
-        p = tl.math.exp2(s - (m_ref - 8.0)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new) in (0, 256] (P_SHIFT)
     else:  # interior tiles: descales are positive, so rowmax(qk f) = f rowmax(qk)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
-        m_ref = m_new
-        p = tl.math.exp2(qk * f_rows - (m_ref - 8.0)[:, None])  # the same P_ij, one FMA per score
-    alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
-    l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
+    if THETA >= 0:
+        # Conditional rescaling (FlashAttention-4, chapter 7): m_i is a reference max that moves
+        # only when some row of the tile rose above it by more than THETA; then P <= 2^(SHIFT+THETA)
+        # = 2^8 still. Any reference gives the same O / l (both carry the same exp2(-m_ref)); most
+        # tiles skip the BLOCK_M x d multiplications of O. One decision for the whole tile.
+        rise = tl.max(m_new - tl.maximum(m_i, -3.0e38), 0)  # largest rise over the rows (from -inf: huge)
+        if rise > THETA:
+            m_to = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing stays at 0
+            alpha = tl.math.exp2(m_i - m_to)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_new
+        m_new = m_i  # the state carries the reference max
+        m_ref = tl.where(m_i == float("-inf"), 0.0, m_i) if MASKED else m_i
+    else:  # rescale on every tile: m_i is the running max
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new) if MASKED else m_new  # a row that has seen nothing: exp2 -> 0, not NaN
+        alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
+        l_i = l_i * alpha
+        if V_SB == 0:
+            acc = acc * alpha[:, None]  # O = alpha O ...
+    if MASKED:
+        p = tl.math.exp2(s - (m_ref - SHIFT)[:, None])  # P_ij = 2^SHIFT exp2(S_ij - m_ref) <= 2^8 (P_SHIFT)
+    else:
+        p = tl.math.exp2(qk * f_rows - (m_ref - SHIFT)[:, None])  # the same P_ij, one FMA per score
+    l_i = l_i + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
     if EMULATE_CAST:
         p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
     p8 = p.to(tl.float8e4nv)  # fp8(P_ij): round to nearest even
-    if V_SB == 0:
-        acc = acc * alpha[:, None]  # O = alpha O ...
-    else:  # V_j has its own descale dv_j: keep O in units of it
+    if V_SB != 0:  # V_j has its own descale dv_j: keep O in units of it
         vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
-        acc = acc * (alpha * (v_unit / vd))[:, None]
+        if THETA >= 0:  # O = (u / dv_j) O: a multiplication per tile after all
+            acc = acc * (v_unit / vd)
+        else:  # O = alpha (u / dv_j) O ...
+            acc = acc * (alpha * (v_unit / vd))[:, None]
         v_unit = vd
     acc = tl.dot(p8, v, acc)  # ... + fp8(P_ij) V8_j, fp8 x fp8 with the fp32 accumulator
     return acc, l_i, m_new, v_unit
@@ -233,7 +254,7 @@ def _attend_fp8(
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     K_SB: tl.constexpr, V_SB: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr,
-    PIPELINE: tl.constexpr, ROW_SCALAR: tl.constexpr,
+    PIPELINE: tl.constexpr, ROW_SCALAR: tl.constexpr, SHIFT: tl.constexpr, THETA: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i, v_unit). MASKED blocks check key bounds
     (and the causal diagonal); unmasked ones are known to be fully visible.
@@ -254,13 +275,13 @@ def _attend_fp8(
                 v = _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
                 acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
                                                   stride_kdb, stride_vdb, start_n, start_n + offs_n, offs_m, N_K,
-                                                  causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR)
+                                                  causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR, SHIFT, THETA)
                 qk = qk_next
             last = hi - BLOCK_N  # the final block's scores are already in qk
             v = _v_tile(v_ptrs, desc_v, v_row0, last, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
             acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
                                               stride_kdb, stride_vdb, last, last + offs_n, offs_m, N_K,
-                                              causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR)
+                                              causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR, SHIFT, THETA)
     else:
         for start_n in tl.range(lo, hi, BLOCK_N):
             n = start_n + offs_n  # (BLOCK_N,) key indices
@@ -269,11 +290,11 @@ def _attend_fp8(
             qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
             acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
                                               stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
-                                              BLOCK_N, K_SB, V_SB, MASKED, CAUSAL, EMULATE_CAST, ROW_SCALAR)
+                                              BLOCK_N, K_SB, V_SB, MASKED, CAUSAL, EMULATE_CAST, ROW_SCALAR, SHIFT, THETA)
     return acc, l_i, m_i, v_unit
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE"],
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE", "THETA"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fp8_forward_kernel(
@@ -290,7 +311,8 @@ def _fp8_forward_kernel(
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
     EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr,
-    PIPELINE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PIPELINE: tl.constexpr, SHIFT: tl.constexpr, THETA: tl.constexpr,  # P = 2^SHIFT exp2(S - m); THETA < 0: rescale always
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
@@ -344,13 +366,13 @@ def _fp8_forward_kernel(
     acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                         k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                         DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, PIPELINE, ROW_SCALAR)
+                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, PIPELINE, ROW_SCALAR, SHIFT, THETA)
     if not EVEN_N:  # EVEN_N (no causal mask, N_K a multiple of 128): every key block is whole, one loop
         acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
                                             k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
                                             DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, lo, hi, N_K,
                                             causal_offset, D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST,
-                                            TMA, False, ROW_SCALAR)
+                                            TMA, False, ROW_SCALAR, SHIFT, THETA)
 
     # O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels).
     # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0.
@@ -449,17 +471,23 @@ def _n_contiguous(v: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int | None = 128,
-                 hadamard: bool = False, seed: int = 0) -> dict:
+                 hadamard: bool = False, seed: int = 0, *, v_block: int | None | str = "same") -> dict:
     """Quantise q, k, v for :func:`flash_attention_fp8`: ``flash_attention_fp8(**quantize_qkv(q, k, v))``.
 
-    ``block`` rows share a descale (None: one per batch and head); ``hadamard`` first rotates q
-    and k (:func:`rotate`). V is returned in the keys-contiguous layout the fp8 P V dot wants.
-    Returns a dict with q, k, v, q_descale, k_descale, v_descale, q_block, k_block, v_block."""
+    ``block`` rows share a descale (None: one per batch and head); ``v_block`` overrides it for V
+    ("same": ``block``; None: one descale per batch and head, as FlashAttention-3 scales V);
+    ``hadamard`` first rotates q and k (:func:`rotate`). V is returned in the keys-contiguous
+    layout the fp8 P V dot wants. Returns a dict with q, k, v, q_descale, k_descale, v_descale,
+    q_block, k_block, v_block."""
+    if isinstance(v_block, str):
+        if v_block != "same":
+            raise ValueError(f"v_block must be 'same', None or a positive int; got {v_block!r}")
+        v_block = block
     if hadamard:
         q, k = rotate(q, k, seed)
-    (q8, qd), (k8, kd), (v8, vd) = (quantize_fp8(t, block) for t in (q, k, v))
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_fp8(t, b) for t, b in ((q, block), (k, block), (v, v_block)))
     return {"q": q8, "k": k8, "v": _n_contiguous(v8), "q_descale": qd, "k_descale": kd, "v_descale": vd,
-            "q_block": block, "k_block": block, "v_block": block}
+            "q_block": block, "k_block": block, "v_block": v_block}
 
 
 def _check_fp8_inputs(q, k, v) -> None:
@@ -522,7 +550,7 @@ def flash_attention_fp8(
     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
-    tma: bool | None = None, pipeline: bool = False,
+    tma: bool | None = None, pipeline: bool = False, rescale_threshold: float | None = None,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
@@ -547,6 +575,13 @@ def flash_attention_fp8(
         with Triton 3.6, which waits for that dot right after issuing it and pays for a second
         tile of scores in registers (results/fp8_tiles_h200; chapter 6).
 
+    rescale_threshold : theta in log2 units, 0 <= theta <= 8, or None (default: rescale O on
+        every key tile). With theta, FlashAttention-4's conditional rescaling (chapter 7): O and l
+        are rescaled only when some row's max rose by more than theta since the last rescale, and
+        P = 2^(8 - theta) exp2(S - m_ref) stays <= 2^8. Exact in real arithmetic; in FP8, P's
+        smallest entries lose theta bits of range. Saves work only when V has one descale per
+        batch and head (v_block None): a per-block V descale rescales O on every tile anyway.
+
     There is no warp-specialisation switch: with Triton 3.6 the warp-specialised form of this
     loop deadlocked on the H200 (results/fp8_ws_h200; chapter 6).
 
@@ -562,6 +597,12 @@ def flash_attention_fp8(
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     if not isinstance(pipeline, bool):
         raise TypeError(f"pipeline must be a bool; got {type(pipeline).__name__}")
+    if rescale_threshold is not None and (isinstance(rescale_threshold, bool)
+                                          or not isinstance(rescale_threshold, (int, float))
+                                          or not 0.0 <= float(rescale_threshold) <= P_SHIFT):
+        raise ValueError(f"rescale_threshold must be None or a number in [0, {P_SHIFT:g}] (log2 units: P <= "
+                         f"2^{P_SHIFT:g} must stay in e4m3's range); got {rescale_threshold!r}")
+    theta = -1.0 if rescale_threshold is None else float(rescale_threshold)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32; got {out_dtype}")
     q_block, k_block, v_block = (_check_block(n, b) for n, b in (("q_block", q_block), ("k_block", k_block),
@@ -605,7 +646,7 @@ def flash_attention_fp8(
         H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
         Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
-        EVEN_N=even_n, PIPELINE=pipeline,
+        EVEN_N=even_n, PIPELINE=pipeline, SHIFT=P_SHIFT - max(theta, 0.0), THETA=theta,
         **launch_options(config),
     )
     return o
@@ -614,11 +655,12 @@ def flash_attention_fp8(
 def flash_attention_fp8_from(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None, *,
     block: int | None = 128, hadamard: bool = False, seed: int = 0, out_dtype: torch.dtype | None = None,
-    config: Candidate | None = None,
+    config: Candidate | None = None, v_block: int | None | str = "same", rescale_threshold: float | None = None,
 ) -> torch.Tensor:
     """FP8 attention of bf16/fp16/fp32 inputs (B, H, N, d): quantise (per ``block`` rows, None: per
-    batch and head; ``hadamard``: rotate q and k first, d a power of two), then
-    :func:`flash_attention_fp8`. Output in ``out_dtype``, default q's dtype (bfloat16 for float32)."""
+    batch and head; ``v_block`` for V if different; ``hadamard``: rotate q and k first, d a power
+    of two; see :func:`quantize_qkv`), then :func:`flash_attention_fp8` (``rescale_threshold``
+    there). Output in ``out_dtype``, default q's dtype (bfloat16 for float32)."""
     layout = "(batch, heads, seq_len, head_dim)"
     check_tensors(q, layout, k=(k, layout), v=(v, layout))
     if k.shape != v.shape:
@@ -626,6 +668,6 @@ def flash_attention_fp8_from(
     check_runnable(q.device)
     if out_dtype is None:
         out_dtype = q.dtype if q.dtype != torch.float32 else torch.bfloat16
-    return flash_attention_fp8(**quantize_qkv(q, k, v, block, hadamard, seed), causal=causal, scale=scale,
-                               out_dtype=out_dtype, config=config)
+    return flash_attention_fp8(**quantize_qkv(q, k, v, block, hadamard, seed, v_block=v_block), causal=causal,
+                               scale=scale, out_dtype=out_dtype, config=config, rescale_threshold=rescale_threshold)
 
