@@ -237,7 +237,8 @@ def gpu_slug(name: str | None = None) -> str:
 
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
 OPTIONAL_IMPLS = ("flashlab_fp8",)  # asked for by name (--impls): FP8 forward, inputs quantised before timing
-FP8_BLOCK = 128  # rows per descale of flashlab_fp8's inputs
+FP8_BLOCK = 128  # rows per descale of flashlab_fp8's Q and K
+FP8_V_BLOCK = None  # ... and of its V: one descale per (batch, head), as FlashAttention-3 scales V (chapter 6)
 
 
 def _impl(name: str, causal: bool) -> Callable:
@@ -255,12 +256,13 @@ def _impl(name: str, causal: bool) -> Callable:
 
 def _forward_fn(name: str, causal: bool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], object]:
     """One forward pass of ``name`` on (q, k, v), ready to time. flashlab_fp8 times the FP8 kernel
-    on inputs quantised here, beforehand (per block of FP8_BLOCK rows, V keys-contiguous), as
-    FlashAttention-3 reports FP8 speed; chapter 6 times the quantisation separately."""
+    on inputs quantised here, beforehand (Q and K per block of FP8_BLOCK rows, V per head and
+    keys-contiguous), as FlashAttention-3 reports FP8 speed; chapter 6 times the quantisation
+    separately."""
     if name == "flashlab_fp8":
         from .kernels.fp8 import flash_attention_fp8, quantize_qkv
 
-        pre = quantize_qkv(q, k, v, block=FP8_BLOCK)
+        pre = quantize_qkv(q, k, v, block=FP8_BLOCK, v_block=FP8_V_BLOCK)
         return lambda: flash_attention_fp8(**pre, causal=causal)
     fn = _impl(name, causal)
     return lambda: fn(q, k, v)

@@ -200,32 +200,46 @@ def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
     return record("fp8_tiles", rows, out)
 
 
-# Variants tried by :func:`rescaling`: ((BLOCK_M, BLOCK_N, warps, stages), v_block, rescale_threshold,
-# pipeline), all with Q and K per block of 128 rows and TMA loads. v_block None is one V descale per
-# (batch, head), as FlashAttention-3 scales V; only then can a tile skip O's rescaling entirely.
+# Variants of the FP8 kernel's keyword options, each ((BLOCK_M, BLOCK_N, warps, stages[, register cap]),
+# v_block, options), all with Q and K per block of 128 rows and TMA loads; v_block None is one V descale
+# per (batch, head), as FlashAttention-3 scales V. RESCALE_VARIANTS (:func:`rescaling`): FlashAttention-4's
+# conditional rescaling (rescale_threshold), which can skip O's rescale only when V has one descale.
 RESCALE_VARIANTS = [
-    ((64, 128, 4, 3), 128, None, False),  # fp8_tiles' fastest, as recorded there: the baseline
-    ((64, 128, 4, 3), None, None, False),  # V per head, rescaled every tile
-    ((64, 128, 4, 3), 128, 2.0, False),  # threshold, but V per block: O is multiplied every tile anyway
-    ((64, 128, 4, 3), None, 0.0, False),  # threshold 0: rescale whenever any row rises (the decision's cost)
-    ((64, 128, 4, 3), None, 2.0, False),  # threshold 2: rescale only on rises past 4x
-    ((64, 128, 4, 2), None, 2.0, False),  # ... 2 stages: 168 registers, 72 KB: three programs per SM
-    ((128, 128, 8, 3), None, 2.0, False),  # ... two warp groups per program
-    ((64, 128, 4, 3), None, 2.0, True),  # ... and the next tile's QK^T issued before this softmax
+    ((64, 128, 4, 3), 128, {}),  # fp8_tiles' fastest, as recorded there: the baseline
+    ((64, 128, 4, 3), None, {}),  # V per head, rescaled every tile
+    ((64, 128, 4, 3), 128, {"rescale_threshold": 2.0}),  # V per block: O is multiplied every tile anyway
+    ((64, 128, 4, 3), None, {"rescale_threshold": 0.0}),  # rescale whenever any row rises (the decision's cost)
+    ((64, 128, 4, 3), None, {"rescale_threshold": 2.0}),  # rescale only on rises past 4x
+    ((64, 128, 4, 2), None, {"rescale_threshold": 2.0}),  # ... 2 stages: 168 registers, three programs per SM
+    ((128, 128, 8, 3), None, {"rescale_threshold": 2.0}),  # ... two warp groups per program
+    ((64, 128, 4, 3), None, {"rescale_threshold": 2.0, "pipeline": True}),  # ... and the next QK^T issued early
 ]
+# PHASE_VARIANTS (:func:`phases`): the programs that share an SM started out of phase (stagger = (ns, slots)).
+PHASE_VARIANTS = [
+    ((64, 128, 4, 3), 128, {}),
+    ((64, 128, 4, 3), None, {}),
+    ((64, 128, 4, 3), None, {"stagger": (300, 2)}),
+    ((64, 128, 4, 3), None, {"stagger": (600, 2)}),
+    ((64, 128, 4, 3), None, {"stagger": (1000, 2)}),
+    ((64, 128, 4, 2, 168), None, {}),
+    ((64, 128, 4, 2, 168), None, {"stagger": (400, 3)}),
+    ((64, 128, 4, 2, 168), None, {"stagger": (800, 3)}),
+]
+OPTION_COLUMNS = ("rescale_threshold", "pipeline", "stagger")
 
 
-def _rescale_row(config: tuple[int, ...], v_block: int | None, threshold: float | None, pipeline: bool,
-                 n: int) -> dict[str, object]:
-    """The columns that name one RESCALE_VARIANTS entry at sequence length n."""
+def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: int) -> dict[str, object]:
+    """The columns that name one variant of RESCALE_VARIANTS or PHASE_VARIANTS at sequence length n."""
+    named = {k: ("" if options.get(k) is None else "x".join(map(str, options[k])) if k == "stagger" else options[k])
+             for k in OPTION_COLUMNS}
+    named["pipeline"] = bool(options.get("pipeline", False))
     return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-            "warps": config[2], "stages": config[3], "block": BLOCK, "v_block": v_block or "",
-            "threshold": "" if threshold is None else threshold, "pipeline": pipeline,
-            "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
+            "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
+            "block": BLOCK, "v_block": v_block or "", **named, "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
 
 
-def _rescale_rows(config, v_block: int | None, threshold: float | None, pipeline: bool) -> list[dict[str, object]]:
-    """One RESCALE_VARIANTS entry at every TILE_NS, timed (run in its own process by :func:`rescaling`)."""
+def _option_rows(config, v_block: int | None, options: dict) -> list[dict[str, object]]:
+    """One variant at every TILE_NS, timed (run in its own process by :func:`_variants`)."""
     from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
 
     rows = []
@@ -234,30 +248,41 @@ def _rescale_rows(config, v_block: int | None, threshold: float | None, pipeline
         g = torch.Generator(device="cpu").manual_seed(0)
         q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
         pre = quantize_qkv(q, k, v, block=BLOCK, v_block=v_block)
-        fn = lambda: flash_attention_fp8(**pre, config=config, pipeline=pipeline, rescale_threshold=threshold)  # noqa: E731
+        fn = lambda: flash_attention_fp8(**pre, config=config, **options)  # noqa: E731
         exact = lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())  # noqa: E731
-        rows.append(measure_case(_rescale_row(config, v_block, threshold, pipeline, n), fn, exact,
-                                 _flops(B, H, n, d, False), True))
+        rows.append(measure_case(_option_row(config, v_block, options, n), fn, exact, _flops(B, H, n, d, False), True))
     return rows
 
 
-def rescaling(out: Path, timeout: float = 50.0) -> list[Path]:
-    """FlashAttention-4's conditional rescaling inside the FP8 kernel (RESCALE_VARIANTS) beside
-    flashlab's autotuned bf16 forward, d = 128, non-causal, B·N = 16k tokens: how much of the
-    per-score work the skipped O rescale saves, and where FP8 then stands against 1.5x bf16.
-    Each variant runs in its own process (:func:`isolated`), as in :func:`tiles`."""
+def _variants(stem: str, variants: list, out: Path, timeout: float) -> list[Path]:
+    """flashlab's autotuned bf16 forward, then each variant in its own process (:func:`isolated`, as
+    in :func:`tiles`); d = 128, non-causal, B·N = 16k tokens, N in TILE_NS."""
     require_gpu()
     from . import isolated
 
     rows = [_tile_case(None, 0, n, timed=True) for n in TILE_NS]
     for row in rows:
         print(row, flush=True)
-    for config, v_block, threshold, pipeline in RESCALE_VARIANTS:
-        got, status = isolated("flashlab.experiments.fp8:_rescale_rows", (config, v_block, threshold, pipeline), timeout)
+    for config, v_block, options in variants:
+        got, status = isolated("flashlab.experiments.fp8:_option_rows", (config, v_block, options), timeout)
         if got is None:
-            got = [_rescale_row(config, v_block, threshold, pipeline, n) | {"ms": "", "tflops": "", "max_err": "",
-                                                                            "status": status} for n in TILE_NS]
+            got = [_option_row(config, v_block, options, n) | {"ms": "", "tflops": "", "max_err": "", "status": status}
+                   for n in TILE_NS]
         for row in got:
             print(row, flush=True)
         rows += got
-    return record("fp8_rescale", rows, out)
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # the bf16 rows leave the FP8 columns empty
+    return record(stem, [{k: r.get(k, "") for k in keys} for r in rows], out)
+
+
+def rescaling(out: Path, timeout: float = 50.0) -> list[Path]:
+    """FlashAttention-4's conditional rescaling inside the FP8 kernel (RESCALE_VARIANTS) beside
+    flashlab's bf16 forward: does skipping O's rescale on most tiles make FP8 faster?"""
+    return _variants("fp8_rescale", RESCALE_VARIANTS, out, timeout)
+
+
+def phases(out: Path, timeout: float = 50.0) -> list[Path]:
+    """The FP8 kernel with the programs that share an SM started out of phase (PHASE_VARIANTS)
+    beside flashlab's bf16 forward: do two programs on one SM then overlap one's tensor-core
+    steps with the other's softmax (the effect FlashAttention-3's ping-pong schedule forces)?"""
+    return _variants("fp8_phase", PHASE_VARIANTS, out, timeout)
