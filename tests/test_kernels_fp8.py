@@ -154,18 +154,19 @@ def test_tma_loads_match_pointer_loads(n_q, n_k, causal, blocks):
 
 @runs_somewhere
 @needs_fp8
+@pytest.mark.parametrize("mode", ["qk", "pv"])
 @pytest.mark.parametrize("config", [None, "capped"])
-def test_pipelined_loop_gives_the_same_answer(config):
-    """pipeline changes when the next tile's QK^T is issued, not what the loop computes; also with
-    a register cap (a candidate's fifth entry), which only changes how ptxas allocates."""
+def test_pipelined_loop_gives_the_same_answer(config, mode):
+    """pipeline changes when a tile's dots are issued, not what the loop computes; also with a
+    register cap (a candidate's fifth entry), which only changes how ptxas allocates."""
     n = 64 * SIZE
     q, k, v = (_randn(1, 2, n, 32, seed=s) for s in (7, 8, 9))
-    pre = quantize_qkv(q, k, v, block=16 * SIZE)
+    pre = quantize_qkv(q, k, v, block=16 * SIZE, v_block=None if mode == "pv" else "same")  # both V descale paths
     if INTERPRET:
         config = (16, 16, 4, 1)
     else:
         config = (64, 128, 4, 2, 168) if config == "capped" else (64, 128, 4, 3)
-    o_opt = flash_attention_fp8(**pre, config=config, pipeline=True)
+    o_opt = flash_attention_fp8(**pre, config=config, pipeline=mode)
     o = flash_attention_fp8(**pre, config=config)
     assert (o_opt.float() - o.float()).abs().max().item() <= 2**-7 * max(1.0, o.float().abs().max().item())
 
@@ -178,8 +179,8 @@ def test_pipeline_with_a_ragged_causal_tail():
     q, k, v = _randn(1, 2, 80 * SIZE, 32, seed=10), _randn(1, 2, 72 * SIZE, 32, seed=11), _randn(1, 2, 72 * SIZE, 32, seed=12)
     pre = quantize_qkv(q, k, v, block=16 * SIZE)
     config = (16, 16, 4, 1) if INTERPRET else (128, 64, 4, 3)
-    for causal in (False, True):
-        o_p = flash_attention_fp8(**pre, causal=causal, config=config, pipeline=True)
+    for causal, mode in ((False, "qk"), (True, "qk"), (False, "pv"), (True, "pv")):
+        o_p = flash_attention_fp8(**pre, causal=causal, config=config, pipeline=mode)
         o = flash_attention_fp8(**pre, causal=causal, config=config)
         assert (o_p.float() - o.float()).abs().max().item() <= 2**-7 * max(1.0, o.float().abs().max().item())
 
@@ -357,7 +358,9 @@ GOOD = (_fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16))
         (GOOD, {"v_block": 24, "v_descale": torch.ones(1, 2, 1)}, ValueError, ["v_block must be a multiple of the kernel's BLOCK_N", "24"]),
         (GOOD, {"out_dtype": torch.int8}, TypeError, ["out_dtype must be"]),
         (GOOD, {"causal": "yes"}, TypeError, ["causal must be a bool"]),
-        (GOOD, {"pipeline": "yes"}, TypeError, ["pipeline must be a bool", "str"]),
+        (GOOD, {"pipeline": "yes"}, ValueError, ["pipeline must be False, True, 'qk' or 'pv'", "'yes'"]),
+        (GOOD, {"pipeline": 1}, ValueError, ["pipeline must be False, True, 'qk' or 'pv'", "1"]),
+        (GOOD, {"pipeline": "pv", "rescale_threshold": 2.0}, ValueError, ["cannot be combined with rescale_threshold"]),
         (GOOD, {"rescale_threshold": 9.0}, ValueError, ["rescale_threshold must be None or a number in [0, 8]", "9.0"]),
         (GOOD, {"rescale_threshold": -1}, ValueError, ["rescale_threshold must be", "-1"]),
         (GOOD, {"rescale_threshold": True}, ValueError, ["rescale_threshold must be", "True"]),

@@ -225,6 +225,16 @@ PHASE_VARIANTS = [
     ((64, 128, 4, 2, 168), None, {"stagger": (400, 3)}),
     ((64, 128, 4, 2, 168), None, {"stagger": (800, 3)}),
 ]
+# PIPELINE_VARIANTS (:func:`pipelines`): FlashAttention-3's intra-warpgroup overlap with P V issued late.
+PIPELINE_VARIANTS = [
+    ((64, 128, 4, 3), 128, {}),  # fp8_tiles' fastest, V per block
+    ((64, 128, 4, 3), None, {}),  # ... V per head
+    ((64, 128, 4, 2), None, {"pipeline": "pv"}),  # P V during the next softmax: 204 registers, 2 programs per SM
+    ((64, 128, 4, 3), None, {"pipeline": "pv"}),  # ... 3 stages: 120 KB of shared memory, 1 program per SM
+    ((128, 128, 8, 2), None, {"pipeline": "pv"}),  # ... two warp groups in one program per SM
+    ((64, 128, 4, 2), 128, {"pipeline": "pv"}),  # ... V per block
+    ((64, 128, 4, 2), None, {"pipeline": "pv", "stagger": (600, 2)}),  # ... the two programs out of phase
+]
 OPTION_COLUMNS = ("rescale_threshold", "pipeline", "stagger")
 
 
@@ -232,7 +242,7 @@ def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: 
     """The columns that name one variant of RESCALE_VARIANTS or PHASE_VARIANTS at sequence length n."""
     named = {k: ("" if options.get(k) is None else "x".join(map(str, options[k])) if k == "stagger" else options[k])
              for k in OPTION_COLUMNS}
-    named["pipeline"] = bool(options.get("pipeline", False))
+    named["pipeline"] = options.get("pipeline", False)  # False, True/"qk" (scores early) or "pv" (P V late)
     return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
             "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
             "block": BLOCK, "v_block": v_block or "", **named, "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
@@ -279,6 +289,12 @@ def rescaling(out: Path, timeout: float = 50.0) -> list[Path]:
     """FlashAttention-4's conditional rescaling inside the FP8 kernel (RESCALE_VARIANTS) beside
     flashlab's bf16 forward: does skipping O's rescale on most tiles make FP8 faster?"""
     return _variants("fp8_rescale", RESCALE_VARIANTS, out, timeout)
+
+
+def pipelines(out: Path, timeout: float = 50.0) -> list[Path]:
+    """The FP8 kernel with each tile's P V issued after the next tile's scores (PIPELINE_VARIANTS),
+    so that it runs during the next softmax, beside flashlab's bf16 forward."""
+    return _variants("fp8_pipeline", PIPELINE_VARIANTS, out, timeout)
 
 
 def phases(out: Path, timeout: float = 50.0) -> list[Path]:

@@ -149,18 +149,13 @@ def round_e4m3(x):
 
 
 @triton.jit
-def _fold_fp8(
-    acc, l_i, m_i, v_unit, qk, v, row_factor,  # running state; raw scores Q8_i K8_j^T (BLOCK_M, BLOCK_N); V8_j
-    kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
-    BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, ROW_SCALAR: tl.constexpr,
-    SHIFT: tl.constexpr, THETA: tl.constexpr,
-):
-    """Fold key tile j (keys n = start_n + [0, BLOCK_N)) into (acc, l_i, m_i, v_unit): the online
-    softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores."""
-    # S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result. When one factor
-    # f_i serves a whole row of the tile, S is never formed: max(S) = f_i max(qk) (f_i > 0), and
-    # the exponent below takes qk * f_i - (m - 8) as one fused multiply-add, as in forward.py.
+def _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K,
+                 BLOCK_N: tl.constexpr, K_SB: tl.constexpr, ROW_SCALAR: tl.constexpr):
+    """S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result. Returns (qk, f,
+    f_rows): qk with any per-key descale applied, and the factor f_i that turns it into S, as
+    computed (a scalar or (BLOCK_M,)) and ready to broadcast over the tile. When one factor f_i
+    serves a whole row, S is never formed: max(S) = f_i max(qk) (f_i > 0), and the exponent takes
+    qk * f_i - (m - 8) as one fused multiply-add, as in forward.py."""
     if K_SB == 0:  # dk per (batch, head): already folded into row_factor
         f = row_factor
     elif K_SB % BLOCK_N == 0:  # the whole key tile shares one descale
@@ -173,6 +168,43 @@ def _fold_fp8(
         f_rows = f
     else:  # one factor per query row: a column
         f_rows = f[:, None]
+    return qk, f, f_rows
+
+
+@triton.jit
+def _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, N_K,
+                 BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr, EMULATE_CAST: tl.constexpr,
+                 ROW_SCALAR: tl.constexpr, SHIFT: tl.constexpr):
+    """The softmax half of _fold_fp8 for an unmasked tile, rescaling on every tile: returns
+    fp8(P_ij), the factor o_scale (BLOCK_M,) by which O must be multiplied before fp8(P_ij) V8_j
+    is added (alpha, times u_old / dv_j when V has a descale per block), and the new l, m, u."""
+    qk, f, f_rows = _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K, BLOCK_N, K_SB, ROW_SCALAR)
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
+    p = tl.math.exp2(qk * f_rows - (m_new - SHIFT)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new), one FMA
+    alpha = tl.math.exp2(m_i - m_new)  # exp2(m - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
+    if EMULATE_CAST:
+        p = round_e4m3(p)
+    if V_SB == 0:
+        o_scale = alpha
+    else:  # keep O in units of V_j's descale
+        vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
+        o_scale = alpha * (v_unit / vd)
+        v_unit = vd
+    return p.to(tl.float16), o_scale, l_i, m_new, v_unit
+
+
+@triton.jit
+def _fold_fp8(
+    acc, l_i, m_i, v_unit, qk, v, row_factor,  # running state; raw scores Q8_i K8_j^T (BLOCK_M, BLOCK_N); V8_j
+    kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
+    BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, ROW_SCALAR: tl.constexpr,
+    SHIFT: tl.constexpr, THETA: tl.constexpr,
+):
+    """Fold key tile j (keys n = start_n + [0, BLOCK_N)) into (acc, l_i, m_i, v_unit): the online
+    softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores."""
+    qk, f, f_rows = _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K, BLOCK_N, K_SB, ROW_SCALAR)
     if MASKED:  # the few boundary tiles form S and mask it (safe even for a zero descale)
         visible = n[None, :] < N_K
         if CAUSAL:
@@ -272,12 +304,14 @@ def _attend_fp8(
     (and the causal diagonal); unmasked ones are known to be fully visible.
 
     PIPELINE (unmasked blocks only): FlashAttention-3's intra-warpgroup overlap (§3.2) in
-    software. The scores of block j+1 are asked of the tensor cores *before* block j's softmax,
-    so the QK^T dot of the next block runs while this block's exponentials do; the price is a
-    second (BLOCK_M, BLOCK_N) tile of scores in registers."""
+    software, which lets one tile's exponentials run while the tensor cores work.
+    1: the scores of block j+1 are asked of the tensor cores *before* block j's softmax; the price
+    is a second (BLOCK_M, BLOCK_N) tile of scores in registers (and Triton waits for that dot at once).
+    2: block j's P V is issued *after* block j+1's scores, and runs during block j+1's softmax;
+    fp8(P_j) waits one iteration in registers (as fp16, which holds every e4m3 value exactly)."""
     d_ok = offs_d < D_HEAD
     PADDED_D: tl.constexpr = BLOCK_D != D_HEAD
-    if PIPELINE and not MASKED:
+    if PIPELINE == 1 and not MASKED:
         if lo < hi:
             qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, lo, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
             for start_n in tl.range(lo, hi - BLOCK_N, BLOCK_N):
@@ -294,6 +328,25 @@ def _attend_fp8(
             acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
                                               stride_kdb, stride_vdb, last, last + offs_n, offs_m, N_K,
                                               causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR, SHIFT, THETA)
+    elif PIPELINE == 2 and not MASKED and THETA < 0:
+        if lo < hi:  # the first tile's softmax; its P V is added in the first iteration below
+            qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, lo, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
+            p8, o_scale, l_i, m_i, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb,
+                                                         stride_vdb, lo, lo + offs_n, N_K, BLOCK_N, K_SB, V_SB,
+                                                         EMULATE_CAST, ROW_SCALAR, SHIFT)
+            for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
+                qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
+                # the previous tile's O = o_scale O + fp8(P) V, issued after this tile's scores: the
+                # P V dot runs on the tensor cores while this tile's exponentials run below
+                acc = acc * o_scale[:, None]
+                v = _v_tile(v_ptrs, desc_v, v_row0, start_n - BLOCK_N, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
+                acc = tl.dot(p8.to(tl.float8e4nv), v, acc)
+                p8, o_scale, l_i, m_i, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr,
+                                                             stride_kdb, stride_vdb, start_n, start_n + offs_n, N_K,
+                                                             BLOCK_N, K_SB, V_SB, EMULATE_CAST, ROW_SCALAR, SHIFT)
+            acc = acc * o_scale[:, None]
+            v = _v_tile(v_ptrs, desc_v, v_row0, hi - BLOCK_N, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
+            acc = tl.dot(p8.to(tl.float8e4nv), v, acc)  # the last tile's P V
     else:
         for start_n in tl.range(lo, hi, BLOCK_N):
             n = start_n + offs_n  # (BLOCK_N,) key indices
@@ -571,7 +624,7 @@ def flash_attention_fp8(
     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
-    tma: bool | None = None, pipeline: bool = False, rescale_threshold: float | None = None,
+    tma: bool | None = None, pipeline: bool | str = False, rescale_threshold: float | None = None,
     stagger: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
@@ -592,11 +645,13 @@ def flash_attention_fp8(
     config : (BLOCK_M, BLOCK_N, warps, stages) to bypass autotuning (tests).
     tma : read K and V through tensor descriptors: None (default) when :func:`fp8_tma_eligible`,
         True to require it, False for pointer loads.
-    pipeline : issue the next key tile's Q K^T before this tile's softmax (FlashAttention-3's
-        intra-warpgroup overlap, §3.2, written in Triton). Off by default: slower on the H200
-        with Triton 3.6, which waits for that dot right after issuing it and pays for a second
-        tile of scores in registers (results/fp8_tiles_h200; chapter 6).
-
+    pipeline : FlashAttention-3's intra-warpgroup overlap (§3.2) written in Triton, two ways.
+        "qk" (or True): issue the next key tile's Q K^T before this tile's softmax; slower on the
+        H200 with Triton 3.6, which waits for that dot right after issuing it (results/fp8_tiles_h200).
+        "pv": issue this tile's P V after the next tile's Q K^T, so that it runs on the tensor
+        cores during the next tile's softmax; Triton keeps that dot in flight because its result
+        only accumulates (results/fp8_pipeline_h200; chapter 6). P waits one iteration in
+        registers as fp16 (exact for P's fp8 values). False (default): neither.
     rescale_threshold : theta in log2 units, 0 <= theta <= 8, or None (default: rescale O on
         every key tile). With theta, FlashAttention-4's conditional rescaling (chapter 7): O and l
         are rescaled only when some row's max rose by more than theta since the last rescale, and
@@ -622,14 +677,18 @@ def flash_attention_fp8(
     scale = check_scale(scale, D)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    if not isinstance(pipeline, bool):
-        raise TypeError(f"pipeline must be a bool; got {type(pipeline).__name__}")
+    if not (isinstance(pipeline, bool) or isinstance(pipeline, str) and pipeline in ("qk", "pv")):
+        raise ValueError(f"pipeline must be False, True, 'qk' or 'pv'; got {pipeline!r}")
+    pipeline_mode = {False: 0, True: 1, "qk": 1, "pv": 2}[pipeline]
     if rescale_threshold is not None and (isinstance(rescale_threshold, bool)
                                           or not isinstance(rescale_threshold, (int, float))
                                           or not 0.0 <= float(rescale_threshold) <= P_SHIFT):
         raise ValueError(f"rescale_threshold must be None or a number in [0, {P_SHIFT:g}] (log2 units: P <= "
                          f"2^{P_SHIFT:g} must stay in e4m3's range); got {rescale_threshold!r}")
     theta = -1.0 if rescale_threshold is None else float(rescale_threshold)
+    if pipeline_mode == 2 and rescale_threshold is not None:
+        raise ValueError("pipeline='pv' rescales O on every tile; it cannot be combined with rescale_threshold "
+                         f"(got {rescale_threshold!r})")
     if stagger is not None:
         if (not isinstance(stagger, tuple) or len(stagger) != 2
                 or any(isinstance(x, bool) or not isinstance(x, int) for x in stagger)
@@ -681,7 +740,7 @@ def flash_attention_fp8(
         H, N_Q, N_K, scale * LOG2E, _num_sms(q.device),  # scale * log2(e): scores in log2 units
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
         Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
-        EVEN_N=even_n, PIPELINE=pipeline, SHIFT=P_SHIFT - max(theta, 0.0), THETA=theta,
+        EVEN_N=even_n, PIPELINE=pipeline_mode, SHIFT=P_SHIFT - max(theta, 0.0), THETA=theta,
         STAGGER=int(stagger[0]) if stagger else 0, SLOTS=int(stagger[1]) if stagger else 1,
         **launch_options(config),
     )
