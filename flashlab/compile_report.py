@@ -130,8 +130,9 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
         descriptors = {"DESC_Q": f"tensordesc<fp8e4nv[{bm}, {d}]>", "DESC_K": f"tensordesc<fp8e4nv[{bn}, {d}]>",
                        "DESC_V": f"tensordesc<fp8e4nv[{d}, {bn}]>"}
         cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, Q_SB=128, K_SB=128, V_SB=int(options.get("v_sb", 128)), EMULATE_CAST=False, TMA=True,
-                  TMA_Q=True, EVEN_N=True, PIPELINE=int(options.get("pipeline", 0)),
+                  TMA_Q=bool(options.get("tma_q", True)), EVEN_N=True, PIPELINE=int(options.get("pipeline", 0)),
                   SHIFT=8.0 - max(0.0, float(options.get("theta", -1.0))), THETA=float(options.get("theta", -1.0)),
+                  Q_REGS=bool(options.get("q_regs", int(options.get("pipeline", 0)) == 2)),
                   STAGGER=int(options.get("stagger", 0)), SLOTS=2, BLOCK_M=bm, BLOCK_N=bn,
                   stride_qd=1, stride_kd=1, stride_vn=1, stride_od=1, stride_qdb=1, stride_kdb=1, stride_vdb=1)
         sig, attrs = _signature(fn, pointers, descriptors, {"qk_scale": "fp32"}, cx)

@@ -227,13 +227,12 @@ PHASE_VARIANTS = [
 ]
 # PIPELINE_VARIANTS (:func:`pipelines`): FlashAttention-3's intra-warpgroup overlap with P V issued late.
 PIPELINE_VARIANTS = [
-    ((64, 128, 4, 3), 128, {}),  # fp8_tiles' fastest, V per block
-    ((64, 128, 4, 3), None, {}),  # ... V per head
-    ((64, 128, 4, 2), None, {"pipeline": "pv"}),  # P V during the next softmax: 204 registers, 2 programs per SM
-    ((64, 128, 4, 3), None, {"pipeline": "pv"}),  # ... 3 stages: 120 KB of shared memory, 1 program per SM
-    ((128, 128, 8, 2), None, {"pipeline": "pv"}),  # ... two warp groups in one program per SM
-    ((64, 128, 4, 2), 128, {"pipeline": "pv"}),  # ... V per block
-    ((64, 128, 4, 2), None, {"pipeline": "pv", "stagger": (600, 2)}),  # ... the two programs out of phase
+    ((64, 128, 4, 3), None, {}),  # fp8_tiles' fastest, V per head
+    ((64, 128, 4, 3), None, {"pipeline": "pv"}),  # P V during the next softmax; Q in registers: 2 programs per SM
+    ((64, 128, 4, 3), 128, {"pipeline": "pv"}),  # ... V per block
+    ((64, 128, 4, 3), None, {"pipeline": "pv", "stagger": (600, 2)}),  # ... the two programs out of phase
+    ((64, 128, 4, 2), None, {"pipeline": "pv"}),  # ... 2 stages
+    ((128, 128, 8, 3), None, {"pipeline": "pv"}),  # ... two warp groups in one program per SM
 ]
 OPTION_COLUMNS = ("rescale_threshold", "pipeline", "stagger")
 

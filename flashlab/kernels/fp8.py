@@ -253,6 +253,16 @@ def _fold_fp8(
 
 
 @triton.jit
+def _in_registers(x):
+    """x (fp8) through an opaque register copy. Triton reads a dot operand that comes straight from
+    a load out of shared memory; one that an instruction produced, it reads from registers, as
+    it does P. For Q this frees BLOCK_M x d bytes of shared memory for the whole program, which
+    lets two programs of pipeline="pv" (one more V buffer) share an SM. GPU only (inline PTX)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.uint8,
+                                     is_pure=True, pack=4).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def _stagger(linear, NUM_SMS, STAGGER: tl.constexpr, SLOTS: tl.constexpr):
     """Sleep (linear // NUM_SMS) * STAGGER ns if this program is in the first wave (the GPU starts
     programs in order of their linear index, one per SM per round): the programs that share an SM
@@ -359,7 +369,7 @@ def _attend_fp8(
     return acc, l_i, m_i, v_unit
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE", "THETA", "STAGGER", "SLOTS"],
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE", "THETA", "Q_REGS", "STAGGER", "SLOTS"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fp8_forward_kernel(
@@ -377,6 +387,7 @@ def _fp8_forward_kernel(
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
     EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr,
     PIPELINE: tl.constexpr, SHIFT: tl.constexpr, THETA: tl.constexpr,  # P = 2^SHIFT exp2(S - m); THETA < 0: rescale always
+    Q_REGS: tl.constexpr,  # Q as a register operand (pipeline="pv" on a GPU)
     STAGGER: tl.constexpr, SLOTS: tl.constexpr,  # first wave: program slot s (of SLOTS per SM) starts s * STAGGER ns late
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -405,6 +416,8 @@ def _fp8_forward_kernel(
         q = DESC_Q.load([off_zh * N_Q + start_m * BLOCK_M, 0])  # Q8_i stays on chip
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if Q_REGS:  # Q8_i in registers (16 a thread) instead of shared memory (see _in_registers)
+        q = _in_registers(q)
     # r_i = scale * log2(e) * dq_i, one factor per query row: a scalar when the whole query tile
     # shares one descale (the default blocks of 128 rows), which holds no register per row.
     # (This, Q through TMA and the single loop of EVEN_N came with the warp-specialisation attempt of
@@ -741,7 +754,7 @@ def flash_attention_fp8(
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
         Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
         EVEN_N=even_n, PIPELINE=pipeline_mode, SHIFT=P_SHIFT - max(theta, 0.0), THETA=theta,
-        STAGGER=int(stagger[0]) if stagger else 0, SLOTS=int(stagger[1]) if stagger else 1,
+        Q_REGS=pipeline_mode == 2 and not INTERPRET, STAGGER=int(stagger[0]) if stagger else 0, SLOTS=int(stagger[1]) if stagger else 1,
         **launch_options(config),
     )
     return o
