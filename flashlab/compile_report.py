@@ -62,8 +62,12 @@ CASES: list[tuple[str, tuple[int, ...], int, dict]] = [
     ("fp8", (64, 128, 4, 2), 128, {}),
     ("fp8", (64, 128, 4, 2, 168), 128, {}),
     ("fp8", (64, 64, 4, 3), 128, {}),
-    ("fp8", (64, 128, 4, 3), 128, {"pipeline": True}),
-    ("fp8", (128, 128, 8, 3), 128, {"pipeline": True}),
+    ("fp8", (64, 128, 4, 3), 128, {"pipeline": "qk"}),
+    ("fp8", (128, 128, 8, 3), 128, {"pipeline": "qk"}),
+    ("fp8", (64, 128, 4, 3), 128, {"v_block": None}),
+    ("fp8", (64, 128, 4, 3), 128, {"v_block": None, "rescale_threshold": 2.0}),
+    ("fp8", (64, 128, 4, 3), 128, {"v_block": None, "pipeline": "pv"}),
+    ("fp8", (64, 128, 4, 2), 128, {"v_block": None, "pipeline": "pv"}),
 ]
 
 
@@ -93,10 +97,11 @@ def _signature(fn, pointers: dict[str, str], descriptors: dict[str, str], scalar
 
 
 def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
-    """Compile one configuration of ``kernel`` ("forward": bf16; "fp8": e4m3 with descales per
-    block of 128 rows) for sm_90, non-causal, N a multiple of the tiles, TMA loads for K and V
-    (and Q in the FP8 kernel). options: tma, warp_specialize (forward), pipeline (fp8).
-    Returns Triton's CompiledKernel."""
+    """Compile one configuration of ``kernel`` ("forward": bf16; "fp8": e4m3 with Q and K descales
+    per block of 128 rows) for sm_90, non-causal, N a multiple of the tiles, TMA loads for K and V
+    (and Q in the FP8 kernel). options: tma, warp_specialize (forward); pipeline (False, "qk" or
+    "pv"), rescale_threshold (None or theta) and v_block (128 or None: one V descale per head) as
+    flash_attention_fp8 takes them (fp8). Returns Triton's CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -129,11 +134,12 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
         pointers = {n: "*fp8e4nv" for n in ("Q", "K", "V")} | {"O": "*bf16"} | {n: "*fp32" for n in ("QD", "KD", "VD")}
         descriptors = {"DESC_Q": f"tensordesc<fp8e4nv[{bm}, {d}]>", "DESC_K": f"tensordesc<fp8e4nv[{bn}, {d}]>",
                        "DESC_V": f"tensordesc<fp8e4nv[{d}, {bn}]>"}
-        cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, Q_SB=128, K_SB=128, V_SB=int(options.get("v_sb", 128)), EMULATE_CAST=False, TMA=True,
-                  TMA_Q=bool(options.get("tma_q", True)), EVEN_N=True, PIPELINE=int(options.get("pipeline", 0)),
-                  SHIFT=8.0 - max(0.0, float(options.get("theta", -1.0))), THETA=float(options.get("theta", -1.0)),
-                  Q_REGS=bool(options.get("q_regs", int(options.get("pipeline", 0)) == 2)),
-                  STAGGER=int(options.get("stagger", 0)), SLOTS=2, BLOCK_M=bm, BLOCK_N=bn,
+        mode = {False: 0, True: 1, "qk": 1, "pv": 2}[options.get("pipeline", False)]
+        theta = options.get("rescale_threshold")
+        theta = -1.0 if theta is None else float(theta)
+        cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, Q_SB=128, K_SB=128, V_SB=options.get("v_block", 128) or 0,
+                  EMULATE_CAST=False, TMA=True, TMA_Q=True, EVEN_N=True, PIPELINE=mode, SHIFT=k8.P_SHIFT - max(theta, 0.0),
+                  THETA=theta, Q_REGS=mode == 2, BLOCK_M=bm, BLOCK_N=bn,
                   stride_qd=1, stride_kd=1, stride_vn=1, stride_od=1, stride_qdb=1, stride_kdb=1, stride_vdb=1)
         sig, attrs = _signature(fn, pointers, descriptors, {"qk_scale": "fp32"}, cx)
     else:
@@ -155,9 +161,11 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
 
 def loop_mix(sass: str) -> collections.Counter:
     """Opcode counts (first word of each instruction, predicate removed) of the key loop in
-    ``sass``: the shortest span from a backward branch's target to the branch that holds a
-    tensor-core instruction (HGMMA or QGMMA). Longer spans with a GMMA are not the loop: they
-    are retry jumps of barrier waits placed after it, and masked tail loops are longer too."""
+    ``sass``: the shortest span from a backward branch's target to the branch that holds both a
+    tensor-core instruction (HGMMA or QGMMA) and an exponential (MUFU.EX2). Other spans with a
+    GMMA are not the loop: retry jumps of barrier waits placed after it, masked tail loops (longer),
+    or the last tile's P V and the store after a software-pipelined loop (no exponential). A static
+    count: instructions a branch skips at run time (rescale_threshold's) are counted too."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,6})\*/\s+(.*?)\s*;", line)
@@ -168,7 +176,9 @@ def loop_mix(sass: str) -> collections.Counter:
         m = re.match(r"BRA (0x[0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
-            if any("GMMA" in t.split()[0] for t in body) and (best is None or len(body) < len(best)):
+            ops = [t.split()[0] for t in body]
+            if (any("GMMA" in op for op in ops) and "MUFU.EX2" in ops
+                    and (best is None or len(body) < len(best))):
                 best = body
     return collections.Counter(t.split()[0].split(".")[0] for t in best or [])
 
@@ -195,7 +205,9 @@ def report(kernel: str, config: tuple[int, ...], d: int = 128, **options) -> dic
     row: dict[str, object] = {"kernel": kernel, "d": d, "BLOCK_M": bm, "BLOCK_N": bn, "warps": warps,
                               "stages": stages, "maxnreg": config[4] if len(config) > 4 else "",
                               "tma": options.get("tma", True), "warp_specialize": options.get("warp_specialize", False),
-                              "pipeline": options.get("pipeline", False)}
+                              "pipeline": options.get("pipeline", False),
+                              "v_block": (options.get("v_block", 128) or "head") if kernel == "fp8" else "",
+                              "rescale_threshold": options.get("rescale_threshold", "")}
     try:
         with _quiet_stderr():
             k = compile_case(kernel, config, d, **options)

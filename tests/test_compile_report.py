@@ -10,11 +10,11 @@ import pytest
 from flashlab import compile_report
 
 
-def _report(*args) -> dict:
+def _report(*args, **options) -> dict:
     """compile_report.report in a fresh process without TRITON_INTERPRET (the test suite sets it,
     and interpreted kernels cannot be compiled)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = f"import json; from flashlab import compile_report as c; print(json.dumps(c.report(*{args!r})))"
+    code = f"import json; from flashlab import compile_report as c; print(json.dumps(c.report(*{args!r}, **{options!r})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -39,6 +39,16 @@ def test_loop_mix_ignores_loops_without_matrix_instructions():
     assert compile_report.loop_mix(SASS.replace("HGMMA.64x128x16.F32.BF16", "FADD")) == {}
 
 
+def test_loop_mix_ignores_a_short_span_without_exponentials():
+    """After pipeline="pv"'s loop come the last tile's P V and the store, inside a barrier wait's
+    retry jump: a GMMA in a span shorter than the loop, but no exponential."""
+    tail = """
+        /*0070*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R88, R152, gdesc[UR4], R88 ;
+        /*0080*/              @!P2 BRA 0x70 ;
+"""
+    assert compile_report.loop_mix(SASS + tail) == {"FFMA": 1, "HGMMA": 1, "MUFU": 1, "BRA": 1}
+
+
 def test_compiles_the_fp8_kernel_for_sm90_without_a_gpu():
     """One configuration of the FP8 forward, compiled for an H100/H200 on this CPU."""
     row = _report("fp8", (64, 64, 4, 2), 128)
@@ -46,6 +56,15 @@ def test_compiles_the_fp8_kernel_for_sm90_without_a_gpu():
     assert 0 < row["registers"] <= 255 and row["stack_bytes"] >= 0
     assert row["qgmma"] > 0 and row["mufu"] > 0 and row["hgmma"] == 0  # fp8 x fp8 dots, exp2 on the MUFU
     assert row["programs_per_sm"] >= 1 and row["instructions_per_score"] > 1
+
+
+def test_pipelined_pv_keeps_q_in_registers():
+    """pipeline="pv" holds one more V buffer; Q as a register operand keeps two programs per SM."""
+    row = _report("fp8", (64, 128, 4, 3), 128, v_block=None, pipeline="pv")
+    plain = _report("fp8", (64, 128, 4, 3), 128, v_block=None)
+    assert row["status"] == "ok" and row["v_block"] == "head" and row["pipeline"] == "pv"
+    assert row["programs_per_sm"] == 2 and row["qgmma"] == plain["qgmma"] == 8  # the key loop: 4 + 4 dots
+    assert row["shared_bytes"] <= plain["shared_bytes"] + 16384  # one more V buffer, no Q buffer
 
 
 def test_register_cap_is_applied():

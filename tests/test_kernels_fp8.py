@@ -364,8 +364,6 @@ GOOD = (_fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16))
         (GOOD, {"rescale_threshold": 9.0}, ValueError, ["rescale_threshold must be None or a number in [0, 8]", "9.0"]),
         (GOOD, {"rescale_threshold": -1}, ValueError, ["rescale_threshold must be", "-1"]),
         (GOOD, {"rescale_threshold": True}, ValueError, ["rescale_threshold must be", "True"]),
-        (GOOD, {"stagger": (100,)}, ValueError, ["stagger must be None or (nanoseconds", "(100,)"]),
-        (GOOD, {"stagger": (100, 0)}, ValueError, ["stagger must be None", "(100, 0)"]),
     ],
 )
 def test_bad_input(args, kwargs, exc, words):
@@ -425,17 +423,6 @@ def test_gpu_conditional_rescaling_full_size(causal):
     q, v = (_randn(2, 4, 2048, 128, seed=s).to(torch.bfloat16) for s in (16, 17))
     k = (_randn(2, 4, 2048, 128, seed=18) * torch.linspace(0.5, 4.0, 2048, device=DEVICE)[:, None]).to(torch.bfloat16)
     _check_against_dequantised(q, k, v, causal, (128, 128, None), rescale_threshold=2.0)
-
-
-@needs_gpu
-@needs_fp8
-@pytest.mark.parametrize("stagger", [(600, 2), (800, 3)])
-def test_gpu_stagger_changes_nothing_but_timing(stagger):
-    """Programs that start late (stagger) compute exactly what they would have computed."""
-    q, k, v = (_randn(4, 16, 2048, 128, seed=s).to(torch.bfloat16) for s in (19, 20, 21))
-    pre = quantize_qkv(q, k, v, v_block=None)
-    o = flash_attention_fp8(**pre, config=(64, 128, 4, 3))
-    assert torch.equal(flash_attention_fp8(**pre, config=(64, 128, 4, 3), stagger=stagger), o)
 
 
 @needs_gpu

@@ -38,7 +38,6 @@ EXPERIMENTS: dict[str, str] = {
     "fp8": "flashlab.experiments.fp8:run",
     "fp8tiles": "flashlab.experiments.fp8:tiles",
     "fp8rescale": "flashlab.experiments.fp8:rescaling",
-    "fp8phase": "flashlab.experiments.fp8:phases",
     "fp8pipeline": "flashlab.experiments.fp8:pipelines",
     "fa4": "flashlab.experiments.fa4:run",
 }

@@ -214,33 +214,20 @@ RESCALE_VARIANTS = [
     ((128, 128, 8, 3), None, {"rescale_threshold": 2.0}),  # ... two warp groups per program
     ((64, 128, 4, 3), None, {"rescale_threshold": 2.0, "pipeline": True}),  # ... and the next QK^T issued early
 ]
-# PHASE_VARIANTS (:func:`phases`): the programs that share an SM started out of phase (stagger = (ns, slots)).
-PHASE_VARIANTS = [
-    ((64, 128, 4, 3), 128, {}),
-    ((64, 128, 4, 3), None, {}),
-    ((64, 128, 4, 3), None, {"stagger": (300, 2)}),
-    ((64, 128, 4, 3), None, {"stagger": (600, 2)}),
-    ((64, 128, 4, 3), None, {"stagger": (1000, 2)}),
-    ((64, 128, 4, 2, 168), None, {}),
-    ((64, 128, 4, 2, 168), None, {"stagger": (400, 3)}),
-    ((64, 128, 4, 2, 168), None, {"stagger": (800, 3)}),
-]
 # PIPELINE_VARIANTS (:func:`pipelines`): FlashAttention-3's intra-warpgroup overlap with P V issued late.
 PIPELINE_VARIANTS = [
     ((64, 128, 4, 3), None, {}),  # fp8_tiles' fastest, V per head
     ((64, 128, 4, 3), None, {"pipeline": "pv"}),  # P V during the next softmax; Q in registers: 2 programs per SM
     ((64, 128, 4, 3), 128, {"pipeline": "pv"}),  # ... V per block
-    ((64, 128, 4, 3), None, {"pipeline": "pv", "stagger": (600, 2)}),  # ... the two programs out of phase
     ((64, 128, 4, 2), None, {"pipeline": "pv"}),  # ... 2 stages
     ((128, 128, 8, 3), None, {"pipeline": "pv"}),  # ... two warp groups in one program per SM
 ]
-OPTION_COLUMNS = ("rescale_threshold", "pipeline", "stagger")
+OPTION_COLUMNS = ("rescale_threshold", "pipeline")
 
 
 def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: int) -> dict[str, object]:
-    """The columns that name one variant of RESCALE_VARIANTS or PHASE_VARIANTS at sequence length n."""
-    named = {k: ("" if options.get(k) is None else "x".join(map(str, options[k])) if k == "stagger" else options[k])
-             for k in OPTION_COLUMNS}
+    """The columns that name one variant of RESCALE_VARIANTS or PIPELINE_VARIANTS at sequence length n."""
+    named = {k: "" if options.get(k) is None else options[k] for k in OPTION_COLUMNS}
     named["pipeline"] = options.get("pipeline", False)  # False, True/"qk" (scores early) or "pv" (P V late)
     return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
             "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
@@ -294,10 +281,3 @@ def pipelines(out: Path, timeout: float = 50.0) -> list[Path]:
     """The FP8 kernel with each tile's P V issued after the next tile's scores (PIPELINE_VARIANTS),
     so that it runs during the next softmax, beside flashlab's bf16 forward."""
     return _variants("fp8_pipeline", PIPELINE_VARIANTS, out, timeout)
-
-
-def phases(out: Path, timeout: float = 50.0) -> list[Path]:
-    """The FP8 kernel with the programs that share an SM started out of phase (PHASE_VARIANTS)
-    beside flashlab's bf16 forward: do two programs on one SM then overlap one's tensor-core
-    steps with the other's softmax (the effect FlashAttention-3's ping-pong schedule forces)?"""
-    return _variants("fp8_phase", PHASE_VARIANTS, out, timeout)

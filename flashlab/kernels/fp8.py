@@ -263,18 +263,6 @@ def _in_registers(x):
 
 
 @triton.jit
-def _stagger(linear, NUM_SMS, STAGGER: tl.constexpr, SLOTS: tl.constexpr):
-    """Sleep (linear // NUM_SMS) * STAGGER ns if this program is in the first wave (the GPU starts
-    programs in order of their linear index, one per SM per round): the programs that share an SM
-    then start out of phase, so one's tensor-core steps can meet another's softmax."""
-    slot = linear // NUM_SMS
-    if slot < SLOTS:
-        if slot > 0:
-            tl.inline_asm_elementwise("nanosleep.u32 $1;\n mov.u32 $0, $1;", "=r,r", [tl.full([1], slot * STAGGER, tl.int32)],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n_ok, d_ok,
             MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
     """K8_j^T (BLOCK_D, BLOCK_N) for keys start_n + [0, BLOCK_N): through TMA, whole rows of the
@@ -369,7 +357,7 @@ def _attend_fp8(
     return acc, l_i, m_i, v_unit
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE", "THETA", "Q_REGS", "STAGGER", "SLOTS"],
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE", "THETA", "Q_REGS"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fp8_forward_kernel(
@@ -382,19 +370,16 @@ def _fp8_forward_kernel(
     stride_qdz, stride_qdh, stride_qdb,
     stride_kdz, stride_kdh, stride_kdb,
     stride_vdz, stride_vdh, stride_vdb,
-    H, N_Q, N_K, qk_scale, NUM_SMS,
+    H, N_Q, N_K, qk_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
     EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr,
     PIPELINE: tl.constexpr, SHIFT: tl.constexpr, THETA: tl.constexpr,  # P = 2^SHIFT exp2(S - m); THETA < 0: rescale always
     Q_REGS: tl.constexpr,  # Q as a register operand (pipeline="pv" on a GPU)
-    STAGGER: tl.constexpr, SLOTS: tl.constexpr,  # first wave: program slot s (of SLOTS per SM) starts s * STAGGER ns late
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
-    if STAGGER > 0:
-        _stagger(start_m + off_zh * tl.num_programs(0), NUM_SMS, STAGGER, SLOTS)
     off_z = off_zh // H
     off_h = off_zh % H
     causal_offset = N_K - N_Q  # bottom-right alignment
@@ -618,12 +603,6 @@ def fp8_tma_eligible(k: torch.Tensor, v: torch.Tensor) -> bool:
             and d >= 32 and d & (d - 1) == 0 and n % 16 == 0)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _check_fp8_device(device: torch.device) -> None:
     check_runnable(device)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
@@ -638,7 +617,6 @@ def flash_attention_fp8(
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
     tma: bool | None = None, pipeline: bool | str = False, rescale_threshold: float | None = None,
-    stagger: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
@@ -672,11 +650,6 @@ def flash_attention_fp8(
         smallest entries lose theta bits of range. Saves work only when V has one descale per
         batch and head (v_block None): a per-block V descale rescales O on every tile anyway.
 
-    stagger : (ns, slots) or None. An experiment of chapter 6: in the first wave of programs, the
-        program in slot s of an SM (of ``slots`` programs per SM) sleeps s * ns nanoseconds
-        before it starts, so that programs sharing an SM run out of phase (one on the tensor
-        cores while another computes exponentials) instead of side by side. GPU only.
-
     There is no warp-specialisation switch: with Triton 3.6 the warp-specialised form of this
     loop deadlocked on the H200 (results/fp8_ws_h200; chapter 6).
 
@@ -702,14 +675,6 @@ def flash_attention_fp8(
     if pipeline_mode == 2 and rescale_threshold is not None:
         raise ValueError("pipeline='pv' rescales O on every tile; it cannot be combined with rescale_threshold "
                          f"(got {rescale_threshold!r})")
-    if stagger is not None:
-        if (not isinstance(stagger, tuple) or len(stagger) != 2
-                or any(isinstance(x, bool) or not isinstance(x, int) for x in stagger)
-                or not (0 <= stagger[0] <= 100_000 and 1 <= stagger[1] <= 8)):
-            raise ValueError(f"stagger must be None or (nanoseconds in [0, 100000], programs per SM in [1, 8]); "
-                             f"got {stagger!r}")
-        if INTERPRET:
-            raise ValueError("stagger needs a GPU: the interpreter cannot run its inline PTX (nanosleep)")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32; got {out_dtype}")
     q_block, k_block, v_block = (_check_block(n, b) for n, b in (("q_block", q_block), ("k_block", k_block),
@@ -750,11 +715,11 @@ def flash_attention_fp8(
     kernel[grid](
         q, k, v, o, qd, kd, vd, desc_q, desc_k, desc_v,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *qd.stride(), *kd.stride(), *vd.stride(),
-        H, N_Q, N_K, scale * LOG2E, _num_sms(q.device),  # scale * log2(e): scores in log2 units
+        H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
         Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
         EVEN_N=even_n, PIPELINE=pipeline_mode, SHIFT=P_SHIFT - max(theta, 0.0), THETA=theta,
-        Q_REGS=pipeline_mode == 2 and not INTERPRET, STAGGER=int(stagger[0]) if stagger else 0, SLOTS=int(stagger[1]) if stagger else 1,
+        Q_REGS=pipeline_mode == 2 and not INTERPRET,
         **launch_options(config),
     )
     return o
