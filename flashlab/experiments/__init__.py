@@ -36,6 +36,7 @@ EXPERIMENTS: dict[str, str] = {
     "beyond": "flashlab.experiments.kernels:beyond",
     "decode": "flashlab.experiments.kernels:decode",
     "fp8": "flashlab.experiments.fp8:run",
+    "fp8rmse": "flashlab.experiments.fp8:rmse",
     "fp8tiles": "flashlab.experiments.fp8:tiles",
     "fp8rescale": "flashlab.experiments.fp8:rescaling",
     "fp8pipeline": "flashlab.experiments.fp8:pipelines",

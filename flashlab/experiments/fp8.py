@@ -11,11 +11,12 @@ and torch SDPA's flash backend; B·N = 16384 tokens, H = 2048 / d heads, d = 128
 N from 1024 to 16384, causal and not. Columns impl, dtype, causal, d, N, B, H, pass, ms,
 tflops as in flashlab.bench (FLOPs = 4 B H N^2 d, halved when causal).
 
-``fp8_rmse``: RMSE against exact float64 attention on reference.fp8.outlier_inputs
-(N(0,1) + N(0,100) x Bernoulli(0.001)), N = 1024, d = 128, one row per seed and method:
-bf16 flashlab, fp8 per-tensor (one descale per head), fp8 per-block, fp8 per-block +
-hadamard, and fp8 per-tensor + hadamard (FA3's own combination), per-block with the
-benchmark's blocks of 128 rows.
+``fp8_rmse`` (also alone: ``python -m flashlab.experiments fp8rmse``): RMSE against exact
+float64 attention on reference.fp8.outlier_inputs (N(0,1) + N(0,100) x Bernoulli(0.001)),
+N = 1024, d = 128, one row per seed and method: bf16 flashlab, fp8 per-tensor (one descale
+per head), fp8 per-block, fp8 per-block + hadamard, fp8 per-tensor + hadamard (FA3's own
+combination), and fp8 per-block with V per head (the speed benchmark's quantisation),
+per-block with the benchmark's blocks of 128 rows.
 
 Importable without a GPU; :func:`run` needs one (FP8 tensor cores: sm_89 or newer).
 """
@@ -35,12 +36,13 @@ NS = (1024, 2048, 4096, 8192, 16384)
 DS = (128, 64)
 BLOCK = 128  # rows per descale: one kernel tile of queries, one or two of keys
 RMSE_N, RMSE_D, RMSE_SEEDS = 1024, 128, (0, 1, 2, 3, 4)
-METHODS = {  # name -> (block, hadamard); None: bf16
+METHODS = {  # name -> (block, hadamard, v_block); None: bf16
     "bf16 flashlab": None,
-    "fp8 per-tensor": (None, False),
-    "fp8 per-block": (BLOCK, False),
-    "fp8 per-block + hadamard": (BLOCK, True),
-    "fp8 per-tensor + hadamard": (None, True),
+    "fp8 per-tensor": (None, False, "same"),
+    "fp8 per-block": (BLOCK, False, "same"),
+    "fp8 per-block + hadamard": (BLOCK, True, "same"),
+    "fp8 per-tensor + hadamard": (None, True, "same"),
+    "fp8 per-block, V per head": (BLOCK, False, None),  # the benchmark's quantisation (bench.FP8_V_BLOCK)
 }
 
 
@@ -107,8 +109,8 @@ def rmse_rows() -> list[dict[str, object]]:
             if how is None:
                 o = flash_attention(qt.bfloat16(), kt.bfloat16(), vt.bfloat16())
             else:
-                block, hadamard = how
-                o = flash_attention_fp8_from(qt, kt, vt, block=block, hadamard=hadamard, seed=seed)
+                block, hadamard, v_block = how
+                o = flash_attention_fp8_from(qt, kt, vt, block=block, hadamard=hadamard, seed=seed, v_block=v_block)
             err = rmse(o[0, 0].double().cpu().numpy(), exact)
             rows.append({"seed": seed, "method": method, "block": how[0] if how and how[0] else 0,
                          "N": RMSE_N, "d": RMSE_D, "rmse": float(np.format_float_scientific(err, 4))})
@@ -116,10 +118,20 @@ def rmse_rows() -> list[dict[str, object]]:
     return rows
 
 
-def run(out: Path) -> list[Path]:
+def _require_fp8() -> None:
     require_gpu()
     if torch.cuda.get_device_capability() < (8, 9):
         raise RuntimeError(f"the FP8 experiment needs FP8 tensor cores (sm_89 or newer); got {torch.cuda.get_device_name()}")
+
+
+def rmse(out: Path) -> list[Path]:
+    """Only the ``fp8_rmse`` table."""
+    _require_fp8()
+    return record("fp8_rmse", rmse_rows(), out)
+
+
+def run(out: Path) -> list[Path]:
+    _require_fp8()
     paths = record("fp8_rmse", rmse_rows(), out)  # small and quick: first, so a slow benchmark cannot lose it
     paths += record("fp8_bench", bench_rows(), out)
     return paths
