@@ -58,3 +58,18 @@ def test_fp8_tile_rows_have_the_recorded_columns():
     assert recorded[len(row):] == ["ms", "tflops", "max_err", "status"]
     assert (row["maxnreg"], row["B"], row["H"]) == (168, 4, 16)
     assert fp8._tile_row((128, 64, 4, 3), None, 16384, "pointer", True)["maxnreg"] == ""
+
+
+def test_fp8_option_rows_name_the_recorded_columns():
+    """A RESCALE_VARIANTS or PIPELINE_VARIANTS row names only columns that the recorded files hold,
+    and says which V descale and which options it used."""
+    from flashlab import results
+    from flashlab.experiments import fp8
+
+    for stem, variants in (("fp8_rescale_h200", fp8.RESCALE_VARIANTS), ("fp8_pipeline_h200", fp8.PIPELINE_VARIANTS)):
+        recorded = set(results.load(stem).rows[0])
+        for config, v_block, options in variants:
+            row = fp8._option_row(config, v_block, options, 8192)
+            assert set(row) <= recorded, (stem, set(row) - recorded)
+            assert row["v_block"] == (v_block or "") and row["pipeline"] == options.get("pipeline", False)
+            assert row["rescale_threshold"] == options.get("rescale_threshold", "")

@@ -129,8 +129,8 @@ def test_kernel_suite_fp8_rows_are_forward_only(monkeypatch):
         pytest.skip("runs the FP8 kernel under the Triton interpreter (the test suite's CPU mode)")
     quantised = []
     real = kfp8.quantize_qkv
-    monkeypatch.setattr(kfp8, "quantize_qkv", lambda *a, **kw: quantised.append(1) or real(*a, **kw))
+    monkeypatch.setattr(kfp8, "quantize_qkv", lambda *a, **kw: quantised.append(kw.get("v_block", "same")) or real(*a, **kw))
     rows = bench.kernel_suite([32], ds=(32,), impls=("flashlab_fp8",), device="cpu", dtype=torch.float32,
                               tokens=32, causals=(False,), passes=("fwd", "fwdbwd"), progress=False)
     assert [(r["impl"], r["dtype"], r["pass"]) for r in rows] == [("flashlab_fp8", "float8_e4m3fn", "fwd")]
-    assert quantised == [1]  # once, outside the timed function
+    assert quantised == [None]  # once, outside the timed function, with one V descale per head (FP8_V_BLOCK)

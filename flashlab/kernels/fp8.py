@@ -174,24 +174,30 @@ def _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K,
 @triton.jit
 def _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, N_K,
                  BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr, EMULATE_CAST: tl.constexpr,
-                 ROW_SCALAR: tl.constexpr, SHIFT: tl.constexpr):
-    """The softmax half of _fold_fp8 for an unmasked tile, rescaling on every tile: returns
-    fp8(P_ij), the factor o_scale (BLOCK_M,) by which O must be multiplied before fp8(P_ij) V8_j
-    is added (alpha, times u_old / dv_j when V has a descale per block), and the new l, m, u."""
+                 ROW_SCALAR: tl.constexpr, SHIFT: tl.constexpr, P_FP16: tl.constexpr):
+    """The online softmax of an unmasked tile, rescaling on every tile (the module docstring's
+    loop body up to the P V dot). Returns fp8(P_ij) (P_FP16: the same values held as fp16, which
+    represents every e4m3 number exactly), the factor o_scale (BLOCK_M,) by which O must be
+    multiplied before fp8(P_ij) V8_j is added (alpha, times u_old / dv_j when V has a descale per
+    block), and the new l, m and u."""
     qk, f, f_rows = _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K, BLOCK_N, K_SB, ROW_SCALAR)
     m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
     p = tl.math.exp2(qk * f_rows - (m_new - SHIFT)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new), one FMA
     alpha = tl.math.exp2(m_i - m_new)  # exp2(m - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
     if EMULATE_CAST:
-        p = round_e4m3(p)
+        p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
     if V_SB == 0:
         o_scale = alpha
     else:  # keep O in units of V_j's descale
         vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
         o_scale = alpha * (v_unit / vd)
         v_unit = vd
-    return p.to(tl.float16), o_scale, l_i, m_new, v_unit
+    if P_FP16:
+        p8 = p.to(tl.float16)
+    else:
+        p8 = p.to(tl.float8e4nv)  # fp8(P_ij): round to nearest even
+    return p8, o_scale, l_i, m_new, v_unit
 
 
 @triton.jit
@@ -203,7 +209,14 @@ def _fold_fp8(
     SHIFT: tl.constexpr, THETA: tl.constexpr,
 ):
     """Fold key tile j (keys n = start_n + [0, BLOCK_N)) into (acc, l_i, m_i, v_unit): the online
-    softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores."""
+    softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores. Interior tiles that
+    rescale on every tile take _softmax_fp8; masked tiles and conditional rescaling follow here."""
+    if not MASKED and THETA < 0:
+        p8, o_scale, l_i, m_new, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb,
+                                                       stride_vdb, start_n, n, N_K, BLOCK_N, K_SB, V_SB, EMULATE_CAST,
+                                                       ROW_SCALAR, SHIFT, False)
+        acc = acc * o_scale[:, None]  # O = alpha O ...
+        return tl.dot(p8, v, acc), l_i, m_new, v_unit  # ... + fp8(P_ij) V8_j, fp8 x fp8, fp32 accumulator
     qk, f, f_rows = _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K, BLOCK_N, K_SB, ROW_SCALAR)
     if MASKED:  # the few boundary tiles form S and mask it (safe even for a zero descale)
         visible = n[None, :] < N_K
@@ -227,8 +240,8 @@ def _fold_fp8(
             m_i = m_new
         m_new = m_i  # the state carries the reference max
         m_ref = tl.where(m_i == float("-inf"), 0.0, m_i) if MASKED else m_i
-    else:  # rescale on every tile: m_i is the running max
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new) if MASKED else m_new  # a row that has seen nothing: exp2 -> 0, not NaN
+    else:  # masked tile, rescaled: m_i is the running max
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
         alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
         l_i = l_i * alpha
         if V_SB == 0:
@@ -331,7 +344,7 @@ def _attend_fp8(
             qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, lo, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
             p8, o_scale, l_i, m_i, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb,
                                                          stride_vdb, lo, lo + offs_n, N_K, BLOCK_N, K_SB, V_SB,
-                                                         EMULATE_CAST, ROW_SCALAR, SHIFT)
+                                                         EMULATE_CAST, ROW_SCALAR, SHIFT, True)
             for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
                 qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
                 # the previous tile's O = o_scale O + fp8(P) V, issued after this tile's scores: the
@@ -341,7 +354,7 @@ def _attend_fp8(
                 acc = tl.dot(p8.to(tl.float8e4nv), v, acc)
                 p8, o_scale, l_i, m_i, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr,
                                                              stride_kdb, stride_vdb, start_n, start_n + offs_n, N_K,
-                                                             BLOCK_N, K_SB, V_SB, EMULATE_CAST, ROW_SCALAR, SHIFT)
+                                                             BLOCK_N, K_SB, V_SB, EMULATE_CAST, ROW_SCALAR, SHIFT, True)
             acc = acc * o_scale[:, None]
             v = _v_tile(v_ptrs, desc_v, v_row0, hi - BLOCK_N, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
             acc = tl.dot(p8.to(tl.float8e4nv), v, acc)  # the last tile's P V
