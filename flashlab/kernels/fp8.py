@@ -654,14 +654,17 @@ def flash_attention_fp8(
         H200 with Triton 3.6, which waits for that dot right after issuing it (results/fp8_tiles_h200).
         "pv": issue this tile's P V after the next tile's Q K^T, so that it runs on the tensor
         cores during the next tile's softmax; Triton keeps that dot in flight because its result
-        only accumulates (results/fp8_pipeline_h200; chapter 6). P waits one iteration in
-        registers as fp16 (exact for P's fp8 values). False (default): neither.
+        only accumulates. P waits one iteration in registers as fp16 (exact for P's fp8 values),
+        and on a GPU Q moves to registers to make room for a fourth V buffer. Not faster on the
+        H200 (results/fp8_pipeline_h200; chapter 6). False (default): neither.
     rescale_threshold : theta in log2 units, 0 <= theta <= 8, or None (default: rescale O on
         every key tile). With theta, FlashAttention-4's conditional rescaling (chapter 7): O and l
         are rescaled only when some row's max rose by more than theta since the last rescale, and
         P = 2^(8 - theta) exp2(S - m_ref) stays <= 2^8. Exact in real arithmetic; in FP8, P's
-        smallest entries lose theta bits of range. Saves work only when V has one descale per
-        batch and head (v_block None): a per-block V descale rescales O on every tile anyway.
+        smallest entries lose theta bits of range, and a row's largest P is no longer exactly
+        2^8 (a power of two, exact in e4m3). Saves multiplications only when V has one descale
+        per batch and head (v_block None); slower on the H200 all the same, since the tile-wide
+        decision costs a reduction across warps with two barriers (results/fp8_rescale_h200).
 
     There is no warp-specialisation switch: with Triton 3.6 the warp-specialised form of this
     loop deadlocked on the H200 (results/fp8_ws_h200; chapter 6).
