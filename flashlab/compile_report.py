@@ -139,7 +139,7 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
         theta = -1.0 if theta is None else float(theta)
         cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, Q_SB=128, K_SB=128, V_SB=options.get("v_block", 128) or 0,
                   EMULATE_CAST=False, TMA=True, TMA_Q=True, EVEN_N=True, PIPELINE=mode, SHIFT=k8.P_SHIFT - max(theta, 0.0),
-                  THETA=theta, Q_REGS=bool(options.get("q_registers", mode == 2)), BLOCK_M=bm, BLOCK_N=bn,
+                  THETA=theta, Q_REGS=mode == 2, BLOCK_M=bm, BLOCK_N=bn,
                   stride_qd=1, stride_kd=1, stride_vn=1, stride_od=1, stride_qdb=1, stride_kdb=1, stride_vdb=1)
         sig, attrs = _signature(fn, pointers, descriptors, {"qk_scale": "fp32"}, cx)
     else:

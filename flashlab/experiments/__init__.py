@@ -40,7 +40,6 @@ EXPERIMENTS: dict[str, str] = {
     "fp8tiles": "flashlab.experiments.fp8:tiles",
     "fp8rescale": "flashlab.experiments.fp8:rescaling",
     "fp8pipeline": "flashlab.experiments.fp8:pipelines",
-    "fp8qregs": "flashlab.experiments.fp8:qregisters",
     "fa4": "flashlab.experiments.fa4:run",
 }
 

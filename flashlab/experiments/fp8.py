@@ -234,22 +234,12 @@ PIPELINE_VARIANTS = [
     ((64, 128, 4, 2), None, {"pipeline": "pv"}),  # ... 2 stages
     ((128, 128, 8, 3), None, {"pipeline": "pv"}),  # ... two warp groups in one program per SM
 ]
-# QREG_VARIANTS (:func:`qregisters`): Q's tile read by the tensor cores from registers or from shared memory.
-QREG_VARIANTS = [
-    ((64, 128, 4, 3), None, {"q_registers": False}),
-    ((64, 128, 4, 3), None, {"q_registers": True}),
-    ((64, 128, 4, 3), 128, {"q_registers": True}),
-    ((128, 128, 8, 3), None, {"q_registers": True}),
-]
-OPTION_COLUMNS = ("rescale_threshold", "pipeline", "q_registers")
+OPTION_COLUMNS = ("rescale_threshold", "pipeline")
 
 
 def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: int) -> dict[str, object]:
     """The columns that name one variant of RESCALE_VARIANTS or PIPELINE_VARIANTS at sequence length n."""
     named = {k: "" if options.get(k) is None else options[k] for k in OPTION_COLUMNS}
-    if "q_registers" not in options:  # the kernel's default then, or forced by pipeline="pv"
-        from ..kernels.fp8 import Q_REGISTERS
-        named["q_registers"] = options.get("pipeline") == "pv" or Q_REGISTERS
     named["pipeline"] = options.get("pipeline", False)  # False, True/"qk" (scores early) or "pv" (P V late)
     return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
             "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
@@ -297,12 +287,6 @@ def rescaling(out: Path, timeout: float = 50.0) -> list[Path]:
     """FlashAttention-4's conditional rescaling inside the FP8 kernel (RESCALE_VARIANTS) beside
     flashlab's bf16 forward: does skipping O's rescale on most tiles make FP8 faster?"""
     return _variants("fp8_rescale", RESCALE_VARIANTS, out, timeout)
-
-
-def qregisters(out: Path, timeout: float = 50.0) -> list[Path]:
-    """The FP8 kernel with Q's tile read by the tensor cores from registers or from shared memory
-    (QREG_VARIANTS), beside flashlab's bf16 forward."""
-    return _variants("fp8_qregs", QREG_VARIANTS, out, timeout)
 
 
 def pipelines(out: Path, timeout: float = 50.0) -> list[Path]:

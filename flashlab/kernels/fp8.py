@@ -100,9 +100,6 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn number, 1.75 x 2^8
 P_SHIFT = 8.0  # P is computed as 2^P_SHIFT exp2(S - m): (0, 256] instead of (0, 1]
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Q's tile as a register operand of the tensor cores (see _in_registers): the Q K^T product then reads
-# only K from shared memory, whose bandwidth the products and the TMA copies share.
-Q_REGISTERS = True
 
 # (BLOCK_M, BLOCK_N, warps, stages[, max registers]) for sm_90; few, so that autotuning compiles little.
 # The first serves FLASHLAB_AUTOTUNE=0. On the H200 (results/fp8_tiles_h200) 64 query rows by 128 keys
@@ -391,7 +388,7 @@ def _fp8_forward_kernel(
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
     EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr,
     PIPELINE: tl.constexpr, SHIFT: tl.constexpr, THETA: tl.constexpr,  # P = 2^SHIFT exp2(S - m); THETA < 0: rescale always
-    Q_REGS: tl.constexpr,  # Q as a register operand (q_registers; always with pipeline="pv")
+    Q_REGS: tl.constexpr,  # Q as a register operand (pipeline="pv" on a GPU)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -633,7 +630,6 @@ def flash_attention_fp8(
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
     tma: bool | None = None, pipeline: bool | str = False, rescale_threshold: float | None = None,
-    q_registers: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
@@ -670,10 +666,6 @@ def flash_attention_fp8(
         per batch and head (v_block None); slower on the H200 all the same, since the tile-wide
         decision costs a reduction across warps with two barriers (results/fp8_rescale_h200).
 
-    q_registers : hand the tensor cores Q's tile from registers (16 per thread at d = 128) instead
-        of from shared memory; None (default) takes Q_REGISTERS. Always on with pipeline="pv".
-        The same numbers either way; no effect under the interpreter, which compiles nothing.
-
     There is no warp-specialisation switch: with Triton 3.6 the warp-specialised form of this
     loop deadlocked on the H200 (results/fp8_ws_h200; chapter 6).
 
@@ -690,10 +682,6 @@ def flash_attention_fp8(
     if not (isinstance(pipeline, bool) or isinstance(pipeline, str) and pipeline in ("qk", "pv")):
         raise ValueError(f"pipeline must be False, True, 'qk' or 'pv'; got {pipeline!r}")
     pipeline_mode = {False: 0, True: 1, "qk": 1, "pv": 2}[pipeline]
-    if q_registers is None:
-        q_registers = Q_REGISTERS
-    if not isinstance(q_registers, bool):
-        raise TypeError(f"q_registers must be None or a bool; got {type(q_registers).__name__}")
     if rescale_threshold is not None and (isinstance(rescale_threshold, bool)
                                           or not isinstance(rescale_threshold, (int, float))
                                           or not 0.0 <= float(rescale_threshold) <= P_SHIFT):
@@ -747,7 +735,7 @@ def flash_attention_fp8(
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
         Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
         EVEN_N=even_n, PIPELINE=pipeline_mode, SHIFT=P_SHIFT - max(theta, 0.0), THETA=theta,
-        Q_REGS=(pipeline_mode == 2 or q_registers) and not INTERPRET,
+        Q_REGS=pipeline_mode == 2 and not INTERPRET,
         **launch_options(config),
     )
     return o
