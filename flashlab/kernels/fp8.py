@@ -270,7 +270,9 @@ def _in_registers(x):
     """x (fp8) through an opaque register copy. Triton reads a dot operand that comes straight from
     a load out of shared memory; one that an instruction produced, it reads from registers, as
     it does P. For Q this frees BLOCK_M x d bytes of shared memory for the whole program, which
-    lets two programs of pipeline="pv" (one more V buffer) share an SM. GPU only (inline PTX)."""
+    lets two programs of pipeline="pv" (one more V buffer) share an SM. GPU only (inline PTX).
+    Only pipeline="pv" uses it: in the plain loop it gained nothing beyond run-to-run variation,
+    and beside rescale_threshold's branch it gave wrong answers on the H200 (results/fp8_qregs_h200)."""
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.uint8,
                                      is_pure=True, pack=4).to(tl.float8e4nv, bitcast=True)
 
