@@ -310,10 +310,10 @@ RESCALE_CASES = [  # (N_q, N_k, causal, (q_block, k_block, v_block), theta)
 ]
 
 
-def _rising_keys(n_k: int, d: int, seed: int) -> torch.Tensor:
-    """Keys whose size grows along N (0.5x to 4x): each row's max rises tile after tile, by
-    less than theta on some tiles and by more on others."""
-    return _randn(1, 2, n_k, d, seed=seed) * torch.linspace(0.5, 4.0, n_k, device=DEVICE)[:, None]
+def _rising_keys(n_k: int, d: int, seed: int, batch: tuple[int, int] = (1, 2)) -> torch.Tensor:
+    """Keys (*batch, n_k, d) whose size grows along N (0.5x to 4x): each row's max rises tile
+    after tile, by less than theta on some tiles and by more on others."""
+    return _randn(*batch, n_k, d, seed=seed) * torch.linspace(0.5, 4.0, n_k, device=DEVICE)[:, None]
 
 
 @runs_somewhere
@@ -421,7 +421,7 @@ def test_gpu_full_size(causal, d):
 def test_gpu_conditional_rescaling_full_size(causal):
     """The bench's shape of the threshold path: d = 128, Q and K per block, V per head."""
     q, v = (_randn(2, 4, 2048, 128, seed=s).to(torch.bfloat16) for s in (16, 17))
-    k = (_randn(2, 4, 2048, 128, seed=18) * torch.linspace(0.5, 4.0, 2048, device=DEVICE)[:, None]).to(torch.bfloat16)
+    k = _rising_keys(2048, 128, seed=18, batch=(2, 4)).to(torch.bfloat16)
     _check_against_dequantised(q, k, v, causal, (128, 128, None), rescale_threshold=2.0)
 
 

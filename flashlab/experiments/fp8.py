@@ -23,6 +23,7 @@ Importable without a GPU; :func:`run` needs one (FP8 tensor cores: sm_89 or newe
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,22 @@ def _tile_row(config: tuple[int, ...], block: int | None, n: int, path: str, pip
             "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
 
 
+def _inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v bf16 (B, H, n, 128) on the GPU, B·n = 16k tokens, H = 16: the same for every variant."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    return tuple(torch.randn(TOKENS // n, HEADS_X_D // 128, n, 128, generator=g).to("cuda", torch.bfloat16)
+                 for _ in range(3))
+
+
+def _measure(row: dict[str, object], q, k, v, fn, timed: bool = True) -> dict[str, object]:
+    """row (naming a variant) with fn's time on (q, k, v), d = 128, non-causal; max_err against
+    float32 SDPA (see measure_case)."""
+    B, H, n, d = q.shape
+    row.update(d=d, N=n, B=B, H=H)
+    exact = lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())  # noqa: E731
+    return measure_case(row, fn, exact, _flops(B, H, n, d, False), timed)
+
+
 def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: str = "pointer",
                pipeline: bool = False, timed: bool = False) -> dict[str, object]:
     """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
@@ -168,10 +185,7 @@ def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: 
     from ..kernels import flash_attention
     from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
 
-    d = 128
-    B, H = TOKENS // n, HEADS_X_D // d
-    g = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    q, k, v = _inputs(n)
     if config is None:
         fn = lambda: flash_attention(q, k, v)  # noqa: E731
         row = {"impl": "flashlab", "dtype": "bfloat16",
@@ -180,9 +194,7 @@ def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: 
         pre = quantize_qkv(q, k, v, block=block)
         fn = lambda: flash_attention_fp8(**pre, config=config, tma=path == "tma", pipeline=pipeline)  # noqa: E731
         row = _tile_row(config, block, n, path, pipeline)
-    row.update(d=d, N=n, B=B, H=H)
-    return measure_case(row, fn, lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()),
-                        _flops(B, H, n, d, False), timed)
+    return _measure(row, q, k, v, fn, timed)
 
 
 def _variant_rows(config, block: int | None, path: str, pipeline: bool) -> list[dict[str, object]]:
@@ -190,26 +202,35 @@ def _variant_rows(config, block: int | None, path: str, pipeline: bool) -> list[
     return [_tile_case(config, block, n, path, pipeline, timed=True) for n in TILE_NS]
 
 
-def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
-    """The FP8 kernel's speed across TILE_VARIANTS (tile shapes, load paths, pipelining, descale
-    blocks), beside flashlab's autotuned bf16 forward: which lever moves FP8 toward
-    1.5x bf16. Each variant runs in its own process (:func:`isolated`), one after the other, so
-    that one which crashes or hangs is recorded as such and cannot spoil the others."""
+def _sweep(stem: str, target: str, jobs: list, out: Path, timeout: float) -> list[Path]:
+    """flashlab's autotuned bf16 forward at every TILE_NS, then each job (args, name) in its own
+    process (:func:`isolated`), one after the other: ``target(*args)`` returns the job's timed rows,
+    and ``name(n)`` the columns that name it, for the rows of a job that crashed or hung."""
     require_gpu()
     from . import isolated
 
     rows = [_tile_case(None, 0, n, timed=True) for n in TILE_NS]
     for row in rows:
         print(row, flush=True)
-    for config, path, pipeline, block in TILE_VARIANTS:
-        got, status = isolated("flashlab.experiments.fp8:_variant_rows", (config, block, path, pipeline), timeout)
-        if got is None:  # crashed or hung: the variant's rows say so
-            got = [_tile_row(config, block, n, path, pipeline) | {"ms": "", "tflops": "", "max_err": "", "status": status}
-                   for n in TILE_NS]
+    for args, name in jobs:
+        got, status = isolated(target, args, timeout)
+        if got is None:  # crashed or hung: the job's rows say so
+            got = [name(n) | {"ms": "", "tflops": "", "max_err": "", "status": status} for n in TILE_NS]
         for row in got:
             print(row, flush=True)
         rows += got
-    return record("fp8_tiles", rows, out)
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # the bf16 rows leave the FP8 columns empty
+    return record(stem, [{k: r.get(k, "") for k in keys} for r in rows], out)
+
+
+def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
+    """The FP8 kernel's speed across TILE_VARIANTS (tile shapes, load paths, pipelining, descale
+    blocks), beside flashlab's autotuned bf16 forward: which lever moves FP8 toward
+    1.5x bf16. Each variant runs in its own process (:func:`isolated`), one after the other, so
+    that one which crashes or hangs is recorded as such and cannot spoil the others."""
+    jobs = [((config, block, path, pipeline), functools.partial(_tile_row, config, block, path=path, pipeline=pipeline))
+            for config, path, pipeline, block in TILE_VARIANTS]
+    return _sweep("fp8_tiles", "flashlab.experiments.fp8:_variant_rows", jobs, out, timeout)
 
 
 # Variants of the FP8 kernel's keyword options, each ((BLOCK_M, BLOCK_N, warps, stages[, register cap]),
@@ -247,40 +268,23 @@ def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: 
 
 
 def _option_rows(config, v_block: int | None, options: dict) -> list[dict[str, object]]:
-    """One variant at every TILE_NS, timed (run in its own process by :func:`_variants`)."""
+    """One variant at every TILE_NS, timed (run in its own process by :func:`_sweep`)."""
     from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
 
     rows = []
     for n in TILE_NS:
-        B, H, d = TOKENS // n, HEADS_X_D // 128, 128
-        g = torch.Generator(device="cpu").manual_seed(0)
-        q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+        q, k, v = _inputs(n)
         pre = quantize_qkv(q, k, v, block=BLOCK, v_block=v_block)
         fn = lambda: flash_attention_fp8(**pre, config=config, **options)  # noqa: E731
-        exact = lambda: torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())  # noqa: E731
-        rows.append(measure_case(_option_row(config, v_block, options, n), fn, exact, _flops(B, H, n, d, False), True))
+        rows.append(_measure(_option_row(config, v_block, options, n), q, k, v, fn))
     return rows
 
 
 def _variants(stem: str, variants: list, out: Path, timeout: float) -> list[Path]:
-    """flashlab's autotuned bf16 forward, then each variant in its own process (:func:`isolated`, as
-    in :func:`tiles`); d = 128, non-causal, B·N = 16k tokens, N in TILE_NS."""
-    require_gpu()
-    from . import isolated
-
-    rows = [_tile_case(None, 0, n, timed=True) for n in TILE_NS]
-    for row in rows:
-        print(row, flush=True)
-    for config, v_block, options in variants:
-        got, status = isolated("flashlab.experiments.fp8:_option_rows", (config, v_block, options), timeout)
-        if got is None:
-            got = [_option_row(config, v_block, options, n) | {"ms": "", "tflops": "", "max_err": "", "status": status}
-                   for n in TILE_NS]
-        for row in got:
-            print(row, flush=True)
-        rows += got
-    keys = list(dict.fromkeys(k for r in rows for k in r))  # the bf16 rows leave the FP8 columns empty
-    return record(stem, [{k: r.get(k, "") for k in keys} for r in rows], out)
+    """RESCALE_VARIANTS or PIPELINE_VARIANTS through :func:`_sweep`."""
+    jobs = [((config, v_block, options), functools.partial(_option_row, config, v_block, options))
+            for config, v_block, options in variants]
+    return _sweep(stem, "flashlab.experiments.fp8:_option_rows", jobs, out, timeout)
 
 
 def rescaling(out: Path, timeout: float = 50.0) -> list[Path]:

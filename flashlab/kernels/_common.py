@@ -307,6 +307,17 @@ def check_scale(scale: float | None, d: int) -> float:
     return float(scale)
 
 
+def check_rescale_threshold(theta: object, upper: float, why: str) -> float | None:
+    """``rescale_threshold`` (conditional rescaling, FlashAttention-4): None, or a number theta in
+    [0, upper] in log2 units; ``why`` says what bounds it (P <= 2^theta must fit the type of P)."""
+    if theta is None:
+        return None
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 <= float(theta) <= upper:
+        raise ValueError(f"rescale_threshold must be None or a number in [0, {upper:g}] (log2 units; {why}); "
+                         f"got {theta!r}")
+    return float(theta)
+
+
 def check_window(window: object) -> tuple[int, int] | None:
     """``window`` = None or a pair (left, right) of ints >= -1 (-1: unbounded on that side)."""
     if window is None:

@@ -80,6 +80,7 @@ from ._common import (
     Candidate,
     causal_range_tl,
     check_qkv,
+    check_rescale_threshold,
     check_runnable,
     check_scale,
     configs,
@@ -350,11 +351,7 @@ def fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 def _check(q, k, v, scale, poly_fraction, rescale_threshold) -> float:
     d = check_qkv(q, k, v)
     poly_shift(poly_fraction)
-    if rescale_threshold is not None:
-        if isinstance(rescale_threshold, bool) or not isinstance(rescale_threshold, (int, float)) \
-                or not 0.0 <= float(rescale_threshold) <= MAX_THRESHOLD:
-            raise ValueError(f"rescale_threshold must be None or a number in [0, {MAX_THRESHOLD}] (log2 units; "
-                             f"P <= 2^threshold must fit fp16); got {rescale_threshold!r}")
+    check_rescale_threshold(rescale_threshold, MAX_THRESHOLD, "P <= 2^threshold must fit fp16")
     scale = check_scale(scale, d)
     check_runnable(q.device)  # last: every argument is checked wherever the tensors live
     return scale

@@ -82,6 +82,7 @@ from ._common import (
     Candidate,
     causal_range_tl,
     check_head_dim,
+    check_rescale_threshold,
     check_runnable,
     check_scale,
     check_tensors,
@@ -684,12 +685,8 @@ def flash_attention_fp8(
     if not (isinstance(pipeline, bool) or isinstance(pipeline, str) and pipeline in ("qk", "pv")):
         raise ValueError(f"pipeline must be False, True, 'qk' or 'pv'; got {pipeline!r}")
     pipeline_mode = {False: 0, True: 1, "qk": 1, "pv": 2}[pipeline]
-    if rescale_threshold is not None and (isinstance(rescale_threshold, bool)
-                                          or not isinstance(rescale_threshold, (int, float))
-                                          or not 0.0 <= float(rescale_threshold) <= P_SHIFT):
-        raise ValueError(f"rescale_threshold must be None or a number in [0, {P_SHIFT:g}] (log2 units: P <= "
-                         f"2^{P_SHIFT:g} must stay in e4m3's range); got {rescale_threshold!r}")
-    theta = -1.0 if rescale_threshold is None else float(rescale_threshold)
+    theta = check_rescale_threshold(rescale_threshold, P_SHIFT, f"P <= 2^{P_SHIFT:g} must stay in e4m3's range")
+    theta = -1.0 if theta is None else theta  # the kernel's THETA < 0: rescale on every tile
     if pipeline_mode == 2 and rescale_threshold is not None:
         raise ValueError("pipeline='pv' rescales O on every tile; it cannot be combined with rescale_threshold "
                          f"(got {rescale_threshold!r})")
