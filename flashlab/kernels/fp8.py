@@ -12,7 +12,8 @@ FlashAttention-2 structure of :mod:`.forward`:
         m_new = max(m, rowmax(S_ij))                   running max, log2 units
         P_ij  = exp2(S_ij - m_new + 8)                 = 2^8 exp2(S_ij - m_new), in (0, 256]
         l     = exp2(m - m_new) l + rowsum(P_ij)       the row sum of the *unrounded* P
-        O     = exp2(m - m_new) (u/dv_j) O + fp8(P_ij) V8_j   O kept in units of u = dv_j
+        O     = exp2(m - m_new) (u/dv_j) O + fp8(P_ij) V8_j   u: the V descale O is kept in
+        u     = dv_j                                   (O's rows are true values / u)
     O = O * u / l                                      divide once, at the end; the 2^8 cancels
 
 P is cast to FP8 for the second tensor-core dot. Its entries lie in (0, 1]; e4m3 has
