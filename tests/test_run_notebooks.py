@@ -1,0 +1,63 @@
+"""flashlab.run_notebooks: every chapter executed on this machine, outcome recorded per notebook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashlab import run_notebooks
+from flashlab.run_notebooks import record_stem, run_notebook
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_notebook_that_runs_is_ok_and_its_copy_holds_the_outputs(tmp_path: Path) -> None:
+    src = _notebook(tmp_path / "good.ipynb", "x = 6 * 7", "print(x)")
+    row = run_notebook(src, tmp_path / "out")
+    assert row["status"] == "ok" and row["error"] == "" and row["seconds"] >= 0
+    executed = nbformat.read(tmp_path / "out" / "good.ipynb", as_version=4)
+    assert executed.cells[1].outputs[0]["text"] == "42\n"
+    assert not nbformat.read(src, as_version=4).cells[1].outputs, "the source notebook must stay untouched"
+
+
+def test_a_failing_cell_is_reported_with_its_error(tmp_path: Path) -> None:
+    src = _notebook(tmp_path / "bad.ipynb", "print('first')", "raise ValueError('q: expected 4 dims, got 3')", "print('never')")
+    row = run_notebook(src, tmp_path / "out")
+    assert row["status"] == "error"
+    assert "ValueError" in row["error"] and "expected 4 dims" in row["error"]
+    executed = nbformat.read(tmp_path / "out" / "bad.ipynb", as_version=4)
+    assert not executed.cells[2].outputs, "execution stops at the failing cell"
+
+
+def test_missing_notebook_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="path: expected a notebook file"):
+        run_notebook(tmp_path / "nope.ipynb", tmp_path / "out")
+
+
+@pytest.mark.parametrize("gpu, stem", [("NVIDIA H200", "notebooks_h200"),
+                                       ("NVIDIA H100 80GB HBM3", "notebooks_h100_80gb_hbm3"),
+                                       ("", "notebooks_cpu")])
+def test_record_stem(gpu: str, stem: str) -> None:
+    assert record_stem(gpu) == stem
+
+
+def test_command_line_rejects_unknown_names_and_bad_jobs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run_notebooks.main(["--out", str(tmp_path), "99_no_such_chapter"])
+    assert exc.value.code == 2 and "names: expected notebooks" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_notebooks.main(["--out", str(tmp_path), "--jobs", "0"])
+    assert "--jobs: expected a positive number" in capsys.readouterr().err
+
+
+def test_command_line_runs_a_chapter(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert run_notebooks.main(["--out", str(tmp_path), "02_online_softmax"]) == 0
+    assert "02_online_softmax.ipynb" in capsys.readouterr().out
+    assert (tmp_path / "02_online_softmax.ipynb").is_file()
