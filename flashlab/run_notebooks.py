@@ -7,8 +7,9 @@ Each notebook of ``notebooks/`` is executed in a fresh kernel (nbclient, the eng
 committed notebooks are never touched, so their CPU outputs stay what nbval compares. On a
 machine with a CUDA GPU the chapters take the GPU paths (full-size kernels, autotuning), so
 this is how a maintainer checks that "a GPU, when present, is used" still works. With
-``--results`` the outcome is recorded as ``notebooks_<gpu>`` (one row per notebook:
-status, seconds, the failing cell's error) with the provenance of :func:`flashlab.bench.provenance`.
+``--results`` the outcome is recorded as ``notebooks_h200`` (the experiments' stem suffix,
+:data:`flashlab.experiments.TAG`; one row per notebook: status, seconds, the failing cell's
+error) with the provenance of :func:`flashlab.bench.provenance`.
 
 The exit status is 1 if any notebook failed, so the command can gate a release.
 """
@@ -16,14 +17,14 @@ The exit status is 1 if any notebook failed, so the command can gate a release.
 from __future__ import annotations
 
 import argparse
-import re
+import subprocess
 import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-__all__ = ["NOTEBOOKS", "record_stem", "run_notebook", "main"]
+__all__ = ["NOTEBOOKS", "run_notebook", "main"]
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -45,7 +46,8 @@ def run_notebook(path: str | Path, out_dir: str | Path, timeout: int = 600) -> d
     error = ""
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+                       resources={"metadata": {"path": str(path.parent)}}).execute(
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # the kernel's own log is not the notebook's
     except Exception as exc:  # a failing cell (CellExecutionError) or a dead kernel
         lines = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
         error = next((ln for ln in reversed(lines) if ln.strip()), type(exc).__name__)[:300]
@@ -56,17 +58,11 @@ def run_notebook(path: str | Path, out_dir: str | Path, timeout: int = 600) -> d
     return {"notebook": path.name, "status": "error" if error else "ok", "seconds": seconds, "error": error}
 
 
-def record_stem(gpu: str) -> str:
-    """The results stem of one machine's run: ``notebooks_h200`` for "NVIDIA H200"."""
-    name = re.sub(r"^nvidia\s+", "", gpu.strip(), flags=re.I).lower()
-    return "notebooks_" + ("_".join(re.findall(r"[a-z0-9]+", name)) or "cpu")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab.run_notebooks", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help="notebook names (default: every notebook in notebooks/)")
     parser.add_argument("--out", required=True, help="folder for the executed copies")
-    parser.add_argument("--results", help="write the outcome as results/notebooks_<gpu>.{csv,json}")
+    parser.add_argument("--results", help="folder to write the outcome to, as notebooks_h200.{csv,json}")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks run at the same time (default 1)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
     args = parser.parse_args(argv)
@@ -85,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         from . import results
         from .bench import provenance
+        from .experiments import TAG
 
         command = "python -m flashlab.run_notebooks " + " ".join(argv if argv is not None else sys.argv[1:])
         meta = provenance(command)
         meta["note"] = (f"every notebook executed top to bottom in a fresh kernel, {args.jobs} at a time "
                         f"(so the seconds include waiting for the GPU and the CPU cores); executed copies "
                         f"not kept in the repository")
-        for p in results.write(record_stem(str(meta["gpu"])), rows, meta, args.results):
+        for p in results.write(f"notebooks_{TAG}", rows, meta, args.results):
             print("wrote", p)
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 

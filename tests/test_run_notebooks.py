@@ -8,7 +8,9 @@ import nbformat
 import pytest
 
 from flashlab import run_notebooks
-from flashlab.run_notebooks import record_stem, run_notebook
+from flashlab import results
+from flashlab.experiments import TAG
+from flashlab.run_notebooks import run_notebook
 
 
 def _notebook(path: Path, *sources: str) -> Path:
@@ -41,13 +43,6 @@ def test_missing_notebook_is_refused(tmp_path: Path) -> None:
         run_notebook(tmp_path / "nope.ipynb", tmp_path / "out")
 
 
-@pytest.mark.parametrize("gpu, stem", [("NVIDIA H200", "notebooks_h200"),
-                                       ("NVIDIA H100 80GB HBM3", "notebooks_h100_80gb_hbm3"),
-                                       ("", "notebooks_cpu")])
-def test_record_stem(gpu: str, stem: str) -> None:
-    assert record_stem(gpu) == stem
-
-
 def test_command_line_rejects_unknown_names_and_bad_jobs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         run_notebooks.main(["--out", str(tmp_path), "99_no_such_chapter"])
@@ -57,7 +52,10 @@ def test_command_line_rejects_unknown_names_and_bad_jobs(tmp_path: Path, capsys:
     assert "--jobs: expected a positive number" in capsys.readouterr().err
 
 
-def test_command_line_runs_a_chapter(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert run_notebooks.main(["--out", str(tmp_path), "02_online_softmax"]) == 0
+def test_command_line_runs_a_chapter_and_records_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert run_notebooks.main(["--out", str(tmp_path), "--results", str(tmp_path / "rec"), "02_online_softmax"]) == 0
     assert "02_online_softmax.ipynb" in capsys.readouterr().out
     assert (tmp_path / "02_online_softmax.ipynb").is_file()
+    rec = results.load(f"notebooks_{TAG}", tmp_path / "rec")
+    assert [(r["notebook"], r["status"]) for r in rec.rows] == [("02_online_softmax.ipynb", "ok")]
+    assert rec.meta["command"].startswith("python -m flashlab.run_notebooks")
