@@ -134,12 +134,9 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
         pointers = {n: "*fp8e4nv" for n in ("Q", "K", "V")} | {"O": "*bf16"} | {n: "*fp32" for n in ("QD", "KD", "VD")}
         descriptors = {"DESC_Q": f"tensordesc<fp8e4nv[{bm}, {d}]>", "DESC_K": f"tensordesc<fp8e4nv[{bn}, {d}]>",
                        "DESC_V": f"tensordesc<fp8e4nv[{d}, {bn}]>"}
-        mode = {False: 0, True: 1, "qk": 1, "pv": 2}[options.get("pipeline", False)]
-        theta = options.get("rescale_threshold")
-        theta = -1.0 if theta is None else float(theta)
+        schedule = k8.loop_constexprs(options.get("pipeline", False), options.get("rescale_threshold"), interpret=False)
         cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, Q_SB=128, K_SB=128, V_SB=options.get("v_block", 128) or 0,
-                  EMULATE_CAST=False, TMA=True, TMA_Q=True, EVEN_N=True, PIPELINE=mode, SHIFT=k8.P_SHIFT - max(theta, 0.0),
-                  THETA=theta, Q_REGS=mode == 2, BLOCK_M=bm, BLOCK_N=bn,
+                  EMULATE_CAST=False, TMA=True, TMA_Q=True, EVEN_N=True, **schedule, BLOCK_M=bm, BLOCK_N=bn,
                   stride_qd=1, stride_kd=1, stride_vn=1, stride_od=1, stride_qdb=1, stride_kdb=1, stride_vdb=1)
         sig, attrs = _signature(fn, pointers, descriptors, {"qk_scale": "fp32"}, cx)
     else:

@@ -152,19 +152,27 @@ TILE_VARIANTS = [
 TILE_NS = (4096, 8192, 16384)
 
 
+def _config_columns(config: tuple[int, ...]) -> dict[str, object]:
+    """impl, dtype and the tile configuration (BLOCK_M, BLOCK_N, warps, stages[, register cap])."""
+    return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
+            "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else ""}
+
+
+def _shape_columns(n: int) -> dict[str, object]:
+    """d, N, B, H of the timed inputs at sequence length n (see :func:`_inputs`)."""
+    return {"d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
+
+
 def _tile_row(config: tuple[int, ...], block: int | None, n: int, path: str, pipeline: bool) -> dict[str, object]:
     """The columns that name one FP8 variant at sequence length n (timings are added to it)."""
-    return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-            "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
-            "block": block or "", "path": path, "pipeline": pipeline,
-            "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
+    return {**_config_columns(config), "block": block or "", "path": path, "pipeline": pipeline, **_shape_columns(n)}
 
 
 def _inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v bf16 (B, H, n, 128) on the GPU, B·n = 16k tokens, H = 16: the same for every variant."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    return tuple(torch.randn(TOKENS // n, HEADS_X_D // 128, n, 128, generator=g).to("cuda", torch.bfloat16)
-                 for _ in range(3))
+    s = _shape_columns(n)
+    return tuple(torch.randn(s["B"], s["H"], n, s["d"], generator=g).to("cuda", torch.bfloat16) for _ in range(3))
 
 
 def _measure(row: dict[str, object], q, k, v, fn, timed: bool = True) -> dict[str, object]:
@@ -262,9 +270,7 @@ def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: 
     """The columns that name one variant of RESCALE_VARIANTS or PIPELINE_VARIANTS at sequence length n."""
     named = {k: "" if options.get(k) is None else options[k] for k in OPTION_COLUMNS}
     named["pipeline"] = options.get("pipeline", False)  # False, True/"qk" (scores early) or "pv" (P V late)
-    return {"impl": "flashlab_fp8", "dtype": "float8_e4m3fn", "BLOCK_M": config[0], "BLOCK_N": config[1],
-            "warps": config[2], "stages": config[3], "maxnreg": config[4] if len(config) > 4 else "",
-            "block": BLOCK, "v_block": v_block or "", **named, "d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
+    return {**_config_columns(config), "block": BLOCK, "v_block": v_block or "", **named, **_shape_columns(n)}
 
 
 def _option_rows(config, v_block: int | None, options: dict) -> list[dict[str, object]]:

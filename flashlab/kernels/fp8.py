@@ -96,7 +96,7 @@ from ._common import (
 )
 
 __all__ = ["CANDIDATES", "FP8_MAX", "P_SHIFT", "WIDE_CANDIDATES", "dequantize_fp8", "flash_attention_fp8",
-           "flash_attention_fp8_from", "fp8_tma_eligible", "quantize_fp8", "quantize_qkv", "rotate"]
+           "flash_attention_fp8_from", "fp8_tma_eligible", "loop_constexprs", "quantize_fp8", "quantize_qkv", "rotate"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn number, 1.75 x 2^8
@@ -683,14 +683,7 @@ def flash_attention_fp8(
     scale = check_scale(scale, D)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    if not (isinstance(pipeline, bool) or isinstance(pipeline, str) and pipeline in ("qk", "pv")):
-        raise ValueError(f"pipeline must be False, True, 'qk' or 'pv'; got {pipeline!r}")
-    pipeline_mode = {False: 0, True: 1, "qk": 1, "pv": 2}[pipeline]
-    theta = check_rescale_threshold(rescale_threshold, P_SHIFT, f"P <= 2^{P_SHIFT:g} must stay in e4m3's range")
-    theta = -1.0 if theta is None else theta  # the kernel's THETA < 0: rescale on every tile
-    if pipeline_mode == 2 and rescale_threshold is not None:
-        raise ValueError("pipeline='pv' rescales O on every tile; it cannot be combined with rescale_threshold "
-                         f"(got {rescale_threshold!r})")
+    schedule = loop_constexprs(pipeline, rescale_threshold)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32; got {out_dtype}")
     q_block, k_block, v_block = (_check_block(n, b) for n, b in (("q_block", q_block), ("k_block", k_block),
@@ -734,11 +727,27 @@ def flash_attention_fp8(
         H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
         Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
-        EVEN_N=even_n, PIPELINE=pipeline_mode, SHIFT=P_SHIFT - max(theta, 0.0), THETA=theta,
-        Q_REGS=pipeline_mode == 2 and not INTERPRET,
-        **launch_options(config),
+        EVEN_N=even_n, **schedule, **launch_options(config),
     )
     return o
+
+
+def loop_constexprs(pipeline: bool | str, rescale_threshold: float | None,
+                     interpret: bool = INTERPRET) -> dict[str, object]:
+    """The key loop's compile-time switches for ``pipeline`` and ``rescale_threshold`` as
+    :func:`flash_attention_fp8` takes them (checked here): PIPELINE (0 plain, 1 scores early,
+    2 P V late), SHIFT (P = 2^SHIFT exp2(S - m_ref), P_SHIFT less the threshold), THETA (< 0:
+    rescale on every tile) and Q_REGS (Q as a register operand, only with P V late on a GPU).
+    :mod:`flashlab.compile_report` compiles the kernel with the same switches."""
+    if not (isinstance(pipeline, bool) or isinstance(pipeline, str) and pipeline in ("qk", "pv")):
+        raise ValueError(f"pipeline must be False, True, 'qk' or 'pv'; got {pipeline!r}")
+    mode = {False: 0, True: 1, "qk": 1, "pv": 2}[pipeline]
+    theta = check_rescale_threshold(rescale_threshold, P_SHIFT, f"P <= 2^{P_SHIFT:g} must stay in e4m3's range")
+    if mode == 2 and theta is not None:
+        raise ValueError("pipeline='pv' rescales O on every tile; it cannot be combined with rescale_threshold "
+                         f"(got {rescale_threshold!r})")
+    theta = -1.0 if theta is None else theta
+    return {"PIPELINE": mode, "SHIFT": P_SHIFT - max(theta, 0.0), "THETA": theta, "Q_REGS": mode == 2 and not interpret}
 
 
 def flash_attention_fp8_from(
