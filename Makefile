@@ -2,7 +2,7 @@
 #   make book         create .venv, install, render the site, print where to open it
 #   make test         unit, property, kernel, notebook (nbval), site and assignment tests
 #   make lab          JupyterLab on notebooks/
-#   make figures      regenerate figures/ from flashlab.figures
+#   make figures      regenerate figures/ from flashlab.course.figures
 #   make assignments  student versions of the exercises (solutions stripped) in build/assignments
 #   make grade        grade SUBMISSIONS=<folder> (<student>/<chapter>.ipynb) into build/grades.csv
 #   make bench        GPU benchmarks into results/ (needs a CUDA GPU)
@@ -45,7 +45,7 @@ chromium:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 book: $(STAMP)
-	$(PY) -m flashlab.site build
+	$(PY) -m flashlab.course.site build
 
 test: $(STAMP) chromium
 	$(PY) -m pytest tests
@@ -55,14 +55,14 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
 figures: $(STAMP)
-	$(PY) -m flashlab.figures figures
+	$(PY) -m flashlab.course.figures figures
 
 assignments: $(STAMP)
-	$(PY) -m flashlab.assignments build/assignments
+	$(PY) -m flashlab.course.assignments build/assignments
 
 # Checked before the install, so a forgotten argument fails at once.
 grade: $(if $(SUBMISSIONS),$(STAMP),grade-needs-submissions)
-	$(PY) -m flashlab.assignments grade "$(SUBMISSIONS)" --out "$(GRADES)"
+	$(PY) -m flashlab.course.assignments grade "$(SUBMISSIONS)" --out "$(GRADES)"
 
 grade-needs-submissions:
 	@echo "make grade needs the folder of submissions: make grade SUBMISSIONS=<folder>" >&2
@@ -71,7 +71,7 @@ grade-needs-submissions:
 	@exit 2
 
 bench: $(STAMP)
-	$(PY) -m flashlab.bench --out results
+	$(PY) -m flashlab.lab.bench --out results
 
 notebooks: $(STAMP)
 	for nb in notebooks/*.ipynb; do $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done

@@ -4,7 +4,7 @@ Every chapter of the book asks one question: *what is holding the computation ba
 right now?* Each FlashAttention paper found a different answer on a different GPU.
 This module records, for each generation, the paper, the GPU it was tuned for, the
 bottleneck it attacked, its answer and its headline result, with a source for the
-headline. The timeline figure (:func:`flashlab.figures.timeline.timeline`), the
+headline. The timeline figure (:func:`flashlab.course.figures.timeline.timeline`), the
 preface and the epilogue all read from here, so they never disagree.
 
 Sources

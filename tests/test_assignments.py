@@ -6,7 +6,7 @@ without edits) and the fixture tests/fixtures/90_toy_chapter.ipynb, a toy
 chapter that self-tests the machinery, including wrong answers the checks must
 catch.
 
-Grading (`make grade`, flashlab.assignments.grade): fake classes of students are
+Grading (`make grade`, flashlab.course.assignments.grade): fake classes of students are
 graded from student versions with answers filled in, including wrong, missing,
 unreadable and hanging ones; tests/test_mutations.py checks the bank of wrong answers.
 
@@ -30,7 +30,7 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
-from flashlab.assignments import (
+from flashlab.course.assignments import (
     BEGIN_HIDDEN,
     BEGIN_SOLUTION,
     END_HIDDEN,

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from flashlab.kernels._common import causal_key_range
 

@@ -1,6 +1,6 @@
-"""The seed documents' numbers stay checkable against the book (flashlab.claims).
+"""The seed documents' numbers stay checkable against the book (flashlab.course.claims).
 
-(a) book/seed_numbers.md is what ``python -m flashlab.claims`` writes now;
+(a) book/seed_numbers.md is what ``python -m flashlab.course.claims`` writes now;
 (b) every record is well-formed and its anchor occurs in the notebook it names;
 (c) every reproduced number is printed in that notebook's outputs, to the seed's precision.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flashlab.claims import CHAPTERS, CLAIMS, STATUSES, render, round_sig, significant_digits
+from flashlab.course.claims import CHAPTERS, CLAIMS, STATUSES, render, round_sig, significant_digits
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
@@ -39,7 +39,7 @@ def notebook_text(name: str) -> tuple[str, str]:
 
 def test_page_is_generated():
     page = (REPO / "book" / "seed_numbers.md").read_text(encoding="utf-8")
-    assert page == render(), "book/seed_numbers.md is stale: run python -m flashlab.claims book/seed_numbers.md"
+    assert page == render(), "book/seed_numbers.md is stale: run python -m flashlab.course.claims book/seed_numbers.md"
 
 
 def test_page_is_in_toc():

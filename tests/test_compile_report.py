@@ -1,4 +1,4 @@
-"""flashlab.compile_report: compiling for Hopper on a CPU, and reading the key loop out of SASS."""
+"""flashlab.lab.compile_report: compiling for Hopper on a CPU, and reading the key loop out of SASS."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from flashlab import compile_report
+from flashlab.lab import compile_report
 
 
 def _report(*args, **options) -> dict:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import flashlab.experiments as experiments
+import flashlab.lab.experiments as experiments
 
 
 def test_measure_case_records_time_error_and_failures(monkeypatch):
@@ -49,8 +49,8 @@ def test_isolated_reports_results_crashes_and_hangs():
 def test_fp8_tile_rows_have_the_recorded_columns():
     """A variant's row (also the one written for a crashed or hung variant) names the columns of
     results/fp8_tiles_h200 in their order, so new runs and the recorded one read alike."""
-    from flashlab import results
-    from flashlab.experiments import fp8
+    from flashlab.lab import results
+    from flashlab.lab.experiments import fp8
 
     recorded = list(results.load("fp8_tiles_h200").rows[0])
     row = fp8._tile_row((64, 128, 4, 2, 168), 128, 4096, "tma", False)
@@ -63,8 +63,8 @@ def test_fp8_tile_rows_have_the_recorded_columns():
 def test_fp8_option_rows_name_the_recorded_columns():
     """A RESCALE_VARIANTS or PIPELINE_VARIANTS row names only columns that the recorded files hold,
     and says which V descale and which options it used."""
-    from flashlab import results
-    from flashlab.experiments import fp8
+    from flashlab.lab import results
+    from flashlab.lab.experiments import fp8
 
     for stem, variants in (("fp8_rescale_h200", fp8.RESCALE_VARIANTS), ("fp8_pipeline_h200", fp8.PIPELINE_VARIANTS)):
         recorded = set(results.load(stem).rows[0])

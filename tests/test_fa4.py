@@ -17,15 +17,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from flashlab import cycles
-from flashlab.figures import FIGURES, get
+from flashlab.course.figures import FIGURES, get
 from flashlab.hardware import B200, B300, H100
-from flashlab.reference import attention as reference_attention
-from flashlab.reference import rescale, softexp
+from flashlab.reference import attention as reference_attention, rescale, softexp
 
 TOL = 1e-12
 

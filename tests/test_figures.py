@@ -1,4 +1,4 @@
-"""Every figure comes from code: figures/ holds exactly what flashlab.figures draws now.
+"""Every figure comes from code: figures/ holds exactly what flashlab.course.figures draws now.
 
 The test redraws every registered figure into a temporary folder and compares the set
 of files and each PNG's pixel size with figures/ (bytes differ across matplotlib and
@@ -13,7 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from flashlab import figures  # noqa: E402
+from flashlab.course import figures  # noqa: E402
 
 COMMITTED = Path(__file__).resolve().parent.parent / "figures"
 

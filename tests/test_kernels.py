@@ -188,8 +188,7 @@ def test_gpu_memory_is_linear_at_128k_tokens():
 
 # --------------------------------------------------------------- every autotune candidate
 def _candidate_cases():
-    from flashlab.kernels import backward as bwd
-    from flashlab.kernels import forward as fwd
+    from flashlab.kernels import backward as bwd, forward as fwd
 
     cases = []
     for wide, d in ((False, 64), (True, 256)):
@@ -207,8 +206,7 @@ def test_every_autotune_candidate(d, fwd_config, dkdv_config, dq_config):
     """Each (BLOCK_M, BLOCK_N, warps, stages) the autotuner may pick computes the same function:
     block ranges, causal skipping and ragged tails depend on the block sizes. N_q = 150 and
     N_k = 200 are ragged for every block size and misaligned for the causal diagonal."""
-    from flashlab.kernels import backward as bwd
-    from flashlab.kernels import forward as fwd
+    from flashlab.kernels import backward as bwd, forward as fwd
     from flashlab.reference import attention, attention_backward
 
     g = torch.Generator(device="cpu").manual_seed(d)

@@ -39,8 +39,7 @@ from flashlab.kernels.fa4 import (
     poly_shift,
     realised_poly_fraction,
 )
-from flashlab.reference import attention as reference_attention
-from flashlab.reference import rescale, softexp
+from flashlab.reference import attention as reference_attention, rescale, softexp
 from tiers import DEVICE, GPU, SIZE, needs_gpu, runs_somewhere
 
 # Explicit configs: BLOCK_N is then known (the rescale counts depend on it), and the GPU run

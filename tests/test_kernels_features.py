@@ -14,8 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from flashlab.kernels import INTERPRET, flash_attention, flash_attention_varlen
 from flashlab.kernels._common import visible_range, window_bounds

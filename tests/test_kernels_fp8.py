@@ -35,8 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlab.kernels import INTERPRET
-from flashlab.kernels import fp8 as kfp8
+from flashlab.kernels import INTERPRET, fp8 as kfp8
 from flashlab.kernels.fp8 import (
     dequantize_fp8,
     flash_attention_fp8,

@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from flashlab import memory, results
+from flashlab import memory
+
+from flashlab.lab import results
 
 
 @pytest.mark.parametrize("N, d, bq", [(1024, 64, 128), (1000, 64, 128), (4096, 128, 64)])

@@ -7,7 +7,7 @@ hidden ones included, and must lose the exercise's points; every committed solut
 must earn all of them; and each mutant's ``caught_by`` (``visible`` or ``hidden``)
 must be true, so the instructor page can say which mistakes only the hidden tests see.
 
-Each chapter runs once, in one kernel (:func:`flashlab.assignments.grade_variants`,
+Each chapter runs once, in one kernel (:func:`flashlab.course.assignments.grade_variants`,
 which shares its cell runner and scoring with ``grade``): after an exercise's tests
 cell, its mutants are tried one after the other, then the book's answer is put back.
 All chapters with exercises run in parallel, one kernel per CPU.
@@ -25,7 +25,7 @@ import nbformat
 import pytest
 import yaml
 
-from flashlab.assignments import (
+from flashlab.course.assignments import (
     NOTEBOOKS_DIR,
     REPO_ROOT,
     VariantResult,

@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from flashlab.hardware import A100, H200
 from flashlab.sim.occupancy import operand_reads, programs, schedule, warp_exchange

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from flashlab import bench, results
+from flashlab.lab import bench, results
 
 
 def test_every_recorded_result_has_provenance():
@@ -19,7 +19,7 @@ def test_every_recorded_result_has_provenance():
         for key in results.REQUIRED_META:
             assert rec.meta[key] not in ("", None, "unknown"), f"{stem}.json: {key} is {rec.meta[key]!r}"
         assert rec.meta["gpu"] in rec.provenance
-        if rec.meta["gpu"].startswith("none"):  # compiled for a GPU, not run on one (flashlab.compile_report)
+        if rec.meta["gpu"].startswith("none"):  # compiled for a GPU, not run on one (flashlab.lab.compile_report)
             assert rec.short.startswith(rec.meta["gpu"].split(":", 1)[1].strip() + " (Triton ")
             assert "measured" not in rec.short
         else:

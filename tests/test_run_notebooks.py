@@ -1,4 +1,4 @@
-"""flashlab.run_notebooks: every chapter executed on this machine, outcome recorded per notebook."""
+"""flashlab.course.run_notebooks: every chapter executed on this machine, outcome recorded per notebook."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from flashlab import run_notebooks
-from flashlab import results
-from flashlab.experiments import TAG
-from flashlab.run_notebooks import run_notebook
+from flashlab.course import run_notebooks
+from flashlab.lab import results
+from flashlab.lab.experiments import TAG
+from flashlab.course.run_notebooks import run_notebook
 
 
 def _notebook(path: Path, *sources: str) -> Path:
@@ -58,4 +58,4 @@ def test_command_line_runs_a_chapter_and_records_it(tmp_path: Path, capsys: pyte
     assert (tmp_path / "02_online_softmax.ipynb").is_file()
     rec = results.load(f"notebooks_{TAG}", tmp_path / "rec")
     assert [(r["notebook"], r["status"]) for r in rec.rows] == [("02_online_softmax.ipynb", "ok")]
-    assert rec.meta["command"].startswith("python -m flashlab.run_notebooks")
+    assert rec.meta["command"].startswith("python -m flashlab.course.run_notebooks")

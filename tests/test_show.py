@@ -1,8 +1,8 @@
-"""flashlab.show quotes the package's source for the chapters, and refuses stale markers."""
+"""flashlab.course.show quotes the package's source for the chapters, and refuses stale markers."""
 
 import pytest
 
-from flashlab import show
+from flashlab.course import show
 
 
 def test_source_cuts_between_markers_and_drops_the_docstring():

@@ -6,8 +6,7 @@ Times are sums of exact binary fractions of small integers, so equalities are ex
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from flashlab.hardware import H100
 from flashlab.sim.events import SCHEDULES, Task, Tile, simulate

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flashlab.site import REPO, build_site, latex_delimiters_to_dollars, staged_toc, strip_heading_numbers
+from flashlab.course.site import REPO, build_site, latex_delimiters_to_dollars, staged_toc, strip_heading_numbers
 
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

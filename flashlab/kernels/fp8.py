@@ -738,7 +738,7 @@ def loop_constexprs(pipeline: bool | str, rescale_threshold: float | None,
     :func:`flash_attention_fp8` takes them (checked here): PIPELINE (0 plain, 1 scores early,
     2 P V late), SHIFT (P = 2^SHIFT exp2(S - m_ref), P_SHIFT less the threshold), THETA (< 0:
     rescale on every tile) and Q_REGS (Q as a register operand, only with P V late on a GPU).
-    :mod:`flashlab.compile_report` compiles the kernel with the same switches."""
+    :mod:`flashlab.lab.compile_report` compiles the kernel with the same switches."""
     if not (isinstance(pipeline, bool) or isinstance(pipeline, str) and pipeline in ("qk", "pv")):
         raise ValueError(f"pipeline must be False, True, 'qk' or 'pv'; got {pipeline!r}")
     mode = {False: 0, True: 1, "qk": 1, "pv": 2}[pipeline]

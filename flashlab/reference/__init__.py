@@ -27,7 +27,8 @@ from .beyond import (
 )
 from .flash1 import block_sizes, flash1_backward, flash1_block_counts, flash1_flops, flash1_forward
 from .flash2 import flash2_backward, flash2_forward
-from .naive import attention, attention_backward, attention_flops, causal_mask, scores
+from .common import causal_mask
+from .naive import attention, attention_backward, attention_flops, scores
 from .softmax import OnlineSoftmaxState, naive_softmax, online_attention, online_softmax, softmax
 
 __all__ = [

@@ -64,7 +64,8 @@ import numpy as np
 
 from .._validate import as_float_array, positive_int
 from .flash1 import _blocks
-from .naive import _check_qkv, _scale, attention_flops, causal_mask
+from .common import _check_qkv, _scale, causal_mask
+from .naive import attention_flops
 from .softmax import OnlineSoftmaxState
 
 __all__ = [

@@ -53,7 +53,7 @@ import math
 import numpy as np
 
 from .._validate import positive_int
-from .naive import _check_output_like, _check_qkv, _scale
+from .common import _check_output_like, _check_qkv, _scale
 
 __all__ = ["block_sizes", "flash1_step", "flash1_forward", "flash1_backward", "flash1_block_counts", "flash1_flops"]
 

@@ -64,7 +64,7 @@ import numpy as np
 
 from .._validate import as_float_array, positive_int
 from .flash1 import _block_mask, _blocks, _fully_masked
-from .naive import _check_output_like, _check_qkv, _scale
+from .common import _check_output_like, _check_qkv, _scale
 
 __all__ = ["flash2_forward", "flash2_backward"]
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._validate import as_float_array, positive_int
-from .naive import _check_qkv, _scale, causal_mask
+from .common import _check_qkv, _scale, causal_mask
 
 __all__ = ["attention", "conditional_attention", "ConditionalResult", "RowTrace", "trace_row",
            "rescales", "running_max_changes", "staircase_row", "LOG2_E"]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._validate import as_float_array, positive_int
+from .common import _check_qkv, _scale, causal_mask
 
 __all__ = ["softmax", "naive_softmax", "online_softmax", "OnlineSoftmaxState", "online_attention"]
 
@@ -211,7 +212,6 @@ def online_attention(q, k, v, block_size: int, causal: bool = False, scale: floa
 
     q (..., N_q, d), k (..., N_k, d), v (..., N_k, d_v) -> o (..., N_q, d_v)
     """
-    from .naive import _check_qkv, _scale, causal_mask  # naive imports this module
 
     block_size = positive_int("block_size", block_size)
     q, k, v = _check_qkv(q, k, v, np.float64)

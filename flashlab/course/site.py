@@ -1,4 +1,4 @@
-"""Build the book's website: ``python -m flashlab.site build [OUT_DIR]``.
+"""Build the book's website: ``python -m flashlab.course.site build [OUT_DIR]``.
 
 The site is a Jupyter Book 1.x build (Sphinx + myst-nb + sphinx-book-theme) in
 four steps, none of which touches the source tree or the network:
@@ -40,7 +40,7 @@ import yaml
 __all__ = ["REPO", "build_site", "latex_delimiters_to_dollars", "mathjax_source", "stage",
            "staged_toc", "strip_heading_numbers"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MATHJAX_DEST = Path("_static") / "mathjax"
 
 
@@ -230,7 +230,7 @@ def build_site(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashlab.site", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m flashlab.course.site", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the site and print the path of index.html")
     b.add_argument("out_dir", nargs="?", default=str(REPO / "build" / "site"), help="staging folder (default: build/site)")

@@ -1,6 +1,6 @@
 """Run every chapter on this machine, top to bottom, and record how each run ended.
 
-``python -m flashlab.run_notebooks --out DIR [--results results] [--jobs 5] [NAME ...]``
+``python -m flashlab.course.run_notebooks --out DIR [--results results] [--jobs 5] [NAME ...]``
 
 Each notebook of ``notebooks/`` is executed in a fresh kernel (nbclient, the engine behind
 ``jupyter nbconvert --execute``), and the executed copy is written to ``DIR``; the
@@ -8,8 +8,8 @@ committed notebooks are never touched, so their CPU outputs stay what nbval comp
 machine with a CUDA GPU the chapters take the GPU paths (full-size kernels, autotuning), so
 this is how a maintainer checks that "a GPU, when present, is used" still works. With
 ``--results`` the outcome is recorded as ``notebooks_h200`` (the experiments' stem suffix,
-:data:`flashlab.experiments.TAG`; one row per notebook: status, seconds, the failing cell's
-error) with the provenance of :func:`flashlab.bench.provenance`.
+:data:`flashlab.lab.experiments.TAG`; one row per notebook: status, seconds, the failing cell's
+error) with the provenance of :func:`flashlab.lab.bench.provenance`.
 
 The exit status is 1 if any notebook failed, so the command can gate a release.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 __all__ = ["NOTEBOOKS", "run_notebook", "main"]
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def run_notebook(path: str | Path, out_dir: str | Path, timeout: int = 600) -> dict[str, object]:
@@ -59,7 +59,7 @@ def run_notebook(path: str | Path, out_dir: str | Path, timeout: int = 600) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashlab.run_notebooks", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flashlab.course.run_notebooks", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help="notebook names (default: every notebook in notebooks/)")
     parser.add_argument("--out", required=True, help="folder for the executed copies")
     parser.add_argument("--results", help="folder to write the outcome to, as notebooks_h200.{csv,json}")
@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['notebook']:30s} {row['status']:5s} {row['seconds']:7.1f} s  {row['error']}")
     if args.results:
-        from . import results
-        from .bench import provenance
-        from .experiments import TAG
+        from flashlab.lab import results
+        from flashlab.lab.bench import provenance
+        from flashlab.lab.experiments import TAG
 
-        command = "python -m flashlab.run_notebooks " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m flashlab.course.run_notebooks " + " ".join(argv if argv is not None else sys.argv[1:])
         meta = provenance(command)
         meta["note"] = (f"every notebook executed top to bottom in a fresh kernel, {args.jobs} at a time "
                         f"(so the seconds include waiting for the GPU and the CPU cores); executed copies "

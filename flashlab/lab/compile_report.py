@@ -1,7 +1,7 @@
 """What the compiler made of a kernel, without a GPU: registers, spills, shared memory, warp
 specialisation and the instruction mix of the key loop, for Hopper (sm_90).
 
-    python -m flashlab.compile_report --out results          # writes results/compile_sm90.csv + .json
+    python -m flashlab.lab.compile_report --out results          # writes results/compile_sm90.csv + .json
 
 Triton compiles for a GPU it is not running on when it is given the target: here
 ``GPUTarget("cuda", 90, 32)``, an H100/H200. This module builds the argument types of
@@ -114,7 +114,7 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
     bm, bn, warps, stages = config[:4]
     extra = {"maxnreg": config[4]} if len(config) > 4 else {}
     if kernel == "forward":
-        from .kernels import forward as kf
+        from flashlab.kernels import forward as kf
 
         fn = kf._forward_kernel.fn
         tma = options.get("tma", True)
@@ -128,7 +128,7 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
         if not tma:
             sig.update(DESC_K="*bf16", DESC_V="*bf16")
     elif kernel == "fp8":
-        from .kernels import fp8 as k8
+        from flashlab.kernels import fp8 as k8
 
         fn = k8._fp8_forward_kernel.fn
         pointers = {n: "*fp8e4nv" for n in ("Q", "K", "V")} | {"O": "*bf16"} | {n: "*fp32" for n in ("QD", "KD", "VD")}
@@ -229,10 +229,10 @@ def report(kernel: str, config: tuple[int, ...], d: int = 128, **options) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .bench import provenance
-    from .results import write
+    from flashlab.lab.bench import provenance
+    from flashlab.lab.results import write
 
-    parser = argparse.ArgumentParser(prog="python -m flashlab.compile_report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flashlab.lab.compile_report", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="results", help="folder for compile_sm90.csv/.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="flashlab-sm90-"))
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1], flush=True)
     keys = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "") for k in keys} for r in rows]
-    meta = provenance("python -m flashlab.compile_report " + " ".join(argv if argv is not None else sys.argv[1:]))
+    meta = provenance("python -m flashlab.lab.compile_report " + " ".join(argv if argv is not None else sys.argv[1:]))
     meta.update(gpu="none: compiled for sm_90 (H100/H200) on a CPU", driver="none",
                 note="Offline compilation with this record's Triton; no kernel was run. programs_per_sm counts "
                      "registers and shared memory only (no allocation granularity).")

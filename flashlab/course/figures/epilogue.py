@@ -49,12 +49,12 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from .. import cycles
-from ..hardware import A100, B200, GPU, H100
-from ..memory import count_flash, count_standard
-from ..reference.counting import count_nonmatmul, matmul_equivalent
-from ..sim.occupancy import operand_reads, schedule, warp_exchange
-from .timeline import COLOURS
+from flashlab import cycles
+from flashlab.hardware import A100, B200, GPU, H100
+from flashlab.memory import count_flash, count_standard
+from flashlab.reference.counting import count_nonmatmul, matmul_equivalent
+from flashlab.sim.occupancy import operand_reads, schedule, warp_exchange
+from flashlab.course.figures.timeline import COLOURS
 
 __all__ = ["ROWS", "Stage", "migration", "bottleneck_migration"]
 

@@ -3,7 +3,7 @@
 The chapters quote the kernels they explain (a Triton kernel cannot be imported on a machine
 without Triton's runtime, so the source is read from the file, not from the live object):
 
-    from flashlab import show
+    from flashlab.course import show
     show.source("kernels/forward.py", "_attend", start="for start_n")   # the loop of one function
     show.source("kernels/forward.py", "online_softmax_step", body=True)  # without its docstring
     show.docstring("kernels/backward.py", start="Two ways to get dQ", stop="For GQA")
@@ -19,7 +19,7 @@ from pathlib import Path
 
 __all__ = ["source", "docstring", "PACKAGE"]
 
-PACKAGE = Path(__file__).parent
+PACKAGE = Path(__file__).resolve().parents[1]  # flashlab/
 
 
 def _read(path: str) -> tuple[str, ast.Module]:

@@ -3,7 +3,7 @@ split inside a program (Figure 5.2), flashlab against its peers on an NVIDIA H20
 (Figure 5.3), and the two grids measured against the model on the H200 (Figure 5.4).
 
 Everything drawn comes from :mod:`flashlab.sim.occupancy`, :mod:`flashlab.hardware`
-and the recorded results under results/ (:mod:`flashlab.results`). Colours are the
+and the recorded results under results/ (:mod:`flashlab.lab.results`). Colours are the
 Okabe-Ito palette of :mod:`.timeline`.
 """
 
@@ -13,9 +13,10 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .. import hardware, results
-from ..sim.occupancy import schedule
-from .timeline import COLOURS
+from flashlab import hardware
+from flashlab.lab import results
+from flashlab.sim.occupancy import schedule
+from flashlab.course.figures.timeline import COLOURS
 
 __all__ = ["warp_split", "occupancy_waves", "grid_measured_vs_predicted", "bench_h200"]
 

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ..generations import GENERATIONS, Generation
+from flashlab.generations import GENERATIONS, Generation
 
 __all__ = ["timeline", "COLOURS"]
 

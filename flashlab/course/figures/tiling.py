@@ -28,7 +28,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
-from ..reference.flash1 import block_sizes
+from flashlab.reference.flash1 import block_sizes
 
 __all__ = ["dataflow", "tiling"]
 

@@ -1,8 +1,8 @@
 """Benchmarks: naive attention against fused kernels, and the GPU's own ceilings.
 
-``python -m flashlab.bench --out results`` (``make bench``) runs on a CUDA GPU and
+``python -m flashlab.lab.bench --out results`` (``make bench``) runs on a CUDA GPU and
 writes, for each suite, ``results/STEM.csv`` + ``results/STEM.json`` with the
-provenance of the run (see :mod:`flashlab.results`). On a CPU the same functions
+provenance of the run (see :mod:`flashlab.lab.results`). On a CPU the same functions
 time small problems live (the notebooks use them that way).
 
 Conventions (those of the FlashAttention papers and of ../shared/anchors):
@@ -16,21 +16,16 @@ Conventions (those of the FlashAttention papers and of ../shared/anchors):
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import math
-import os
-import platform
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .reference.naive import attention_flops
+from flashlab.lab.measure import gpu_slug, precompile, provenance, time_ms
+from flashlab.reference.naive import attention_flops
 
 __all__ = [
     "naive_attention_torch",
@@ -81,21 +76,6 @@ def fused_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         raise ValueError(f"backend must be one of {['default', *choices]}; got {backend!r}")
     with sdpa_kernel([choices[backend]]):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
-def time_ms(fn: Callable[[], object], device: str, repeats: int = 5) -> float:
-    """Median wall time of ``fn()`` in milliseconds (do_bench with CUDA events on a GPU)."""
-    if device.startswith("cuda"):
-        from triton.testing import do_bench
-
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
 
 
 def _peak_extra_bytes(fn: Callable[[], object], device: str) -> int | None:
@@ -229,12 +209,6 @@ def naive_step_costs(
     return rows
 
 
-def gpu_slug(name: str | None = None) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200': the results folder of a GPU."""
-    name = name if name is not None else torch.cuda.get_device_name(0)
-    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
-
-
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
 OPTIONAL_IMPLS = ("flashlab_fp8",)  # asked for by name (--impls): FP8 forward, inputs quantised before timing
 FP8_BLOCK = 128  # rows per descale of flashlab_fp8's Q and K
@@ -243,7 +217,7 @@ FP8_V_BLOCK = None  # ... and of its V: one descale per (batch, head), as FlashA
 
 def _impl(name: str, causal: bool) -> Callable:
     if name == "flashlab":
-        from .kernels import flash_attention
+        from flashlab.kernels import flash_attention
 
         return lambda q, k, v: flash_attention(q, k, v, causal=causal)
     if name == "naive":
@@ -260,7 +234,7 @@ def _forward_fn(name: str, causal: bool, q: torch.Tensor, k: torch.Tensor, v: to
     keys-contiguous), as FlashAttention-3 reports FP8 speed; chapter 6 times the quantisation
     separately."""
     if name == "flashlab_fp8":
-        from .kernels.fp8 import flash_attention_fp8, quantize_qkv
+        from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
 
         pre = quantize_qkv(q, k, v, block=FP8_BLOCK, v_block=FP8_V_BLOCK)
         return lambda: flash_attention_fp8(**pre, causal=causal)
@@ -272,8 +246,8 @@ def _compile_one(kind: str, d: int, causal: bool, config: tuple) -> None:
     """Compile one configuration of flashlab's forward (``kind="fwd"``, config a Candidate) or
     backward (``"bwd"``, config = (dK/dV, dQ) Candidates) by running it once on a small input
     whose integer arguments specialise like the suite's (multiples of 16, H = 2048 / d)."""
-    from .kernels.backward import backward
-    from .kernels.forward import forward
+    from flashlab.kernels.backward import backward
+    from flashlab.kernels.forward import forward
 
     q, k, v, do = (torch.randn(1, HEAD_SIZE_TOTAL // d, 256, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     with torch.no_grad():
@@ -286,12 +260,10 @@ def _compile_one(kind: str, d: int, causal: bool, config: tuple) -> None:
 
 def precompile_kernels(ds: tuple[int, ...], causals: tuple[bool, ...] = (False, True), passes=("fwd", "fwdbwd")) -> None:
     """Compile every autotuning candidate of flashlab's kernels for these head dimensions and
-    masks in parallel worker processes (:func:`flashlab.experiments.precompile`), so that the
+    masks in parallel worker processes (:func:`flashlab.lab.experiments.precompile`), so that the
     suite's autotuner, which tries the candidates one after another, finds them in Triton's
     cache instead of compiling each in turn."""
-    from .experiments import precompile
-    from .kernels import backward as kb
-    from .kernels import forward as kf
+    from flashlab.kernels import backward as kb, forward as kf
 
     calls = []
     for d in ds:
@@ -300,9 +272,9 @@ def precompile_kernels(ds: tuple[int, ...], causals: tuple[bool, ...] = (False, 
         dkdv = kb.DKDV_WIDE_CANDIDATES if wide else kb.DKDV_CANDIDATES
         dq = kb.DQ_WIDE_CANDIDATES if wide else kb.DQ_CANDIDATES
         for causal in causals:
-            calls += [("flashlab.bench:_compile_one", ("fwd", d, causal, c)) for c in fwd]
+            calls += [("flashlab.lab.bench:_compile_one", ("fwd", d, causal, c)) for c in fwd]
             if "fwdbwd" in passes:  # pairs, so each worker compiles one dK/dV and one dQ configuration
-                calls += [("flashlab.bench:_compile_one", ("bwd", d, causal, pair)) for pair in zip(dkdv, dq)]
+                calls += [("flashlab.lab.bench:_compile_one", ("bwd", d, causal, pair)) for pair in zip(dkdv, dq)]
     precompile(calls)
 
 
@@ -381,38 +353,10 @@ def ceilings(device: str = "cuda") -> list[dict[str, object]]:
     ]
 
 
-def provenance(command: str) -> dict[str, object]:
-    """GPU, driver, CUDA, torch and triton versions, date, command and git commit of this run."""
-    import triton
-
-    def _run(args: list[str]) -> str:
-        try:
-            return subprocess.run(args, capture_output=True, text=True, timeout=30).stdout.strip()
-        except Exception:
-            return "unknown"
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "CPU"
-    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
-    # A copy of the tree without .git (e.g. on a lent GPU machine) gets the commit from FLASHLAB_COMMIT.
-    commit = os.environ.get("FLASHLAB_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or "unknown"
-    dirty = "" if os.environ.get("FLASHLAB_COMMIT") else _run(["git", "status", "--porcelain", "--untracked-files=no"])
-    return {
-        "gpu": gpu,
-        "driver": driver[0] if driver else "none",
-        "cuda": torch.version.cuda or "none",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command,
-        "commit": commit + ("+dirty" if dirty else ""),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
-    from . import results
+    from flashlab.lab import results
 
-    parser = argparse.ArgumentParser(prog="python -m flashlab.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flashlab.lab.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(results.RESULTS_DIR), help="results folder")
     parser.add_argument("--suite", choices=["all", "kernels", "ch01"], default="all",
                         help="kernels: flashlab vs SDPA vs naive -> OUT/<gpu-slug>/bench.csv; "
@@ -437,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu" and not args.quick:
         print("make bench needs a CUDA GPU; use --quick to exercise the harness on a CPU", file=sys.stderr)
         return 2
-    command = "python -m flashlab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m flashlab.lab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = provenance(command.strip())
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     ns = args.ns or ([128, 256] if args.quick else [512, 1024, 2048, 4096, 8192, 16384])

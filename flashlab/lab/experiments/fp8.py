@@ -1,6 +1,6 @@
 """FP8 forward (FlashAttention-3 §3.3): speed beside bf16, and accuracy on outliers.
 
-    python -m flashlab.experiments fp8 --out results
+    python -m flashlab.lab.experiments fp8 --out results
 
 Two tables, measured on the GPU in one process:
 
@@ -9,9 +9,9 @@ quantised beforehand (``flashlab_fp8``) and with the quantisation timed too
 (``flashlab_fp8_incl_quant``: amax per block, scale, cast, V transposed to keys-contiguous),
 and torch SDPA's flash backend; B·N = 16384 tokens, H = 2048 / d heads, d = 128 and 64,
 N from 1024 to 16384, causal and not. Columns impl, dtype, causal, d, N, B, H, pass, ms,
-tflops as in flashlab.bench (FLOPs = 4 B H N^2 d, halved when causal).
+tflops as in flashlab.lab.bench (FLOPs = 4 B H N^2 d, halved when causal).
 
-``fp8_rmse`` (also alone: ``python -m flashlab.experiments fp8rmse``): RMSE against exact
+``fp8_rmse`` (also alone: ``python -m flashlab.lab.experiments fp8rmse``): RMSE against exact
 float64 attention on reference.fp8.outlier_inputs (N(0,1) + N(0,100) x Bernoulli(0.001)),
 N = 1024, d = 128, one row per seed and method: bf16 flashlab, fp8 per-tensor (one descale
 per head), fp8 per-block, fp8 per-block + hadamard, fp8 per-tensor + hadamard (FA3's own
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import measure_case, ms, record, require_gpu
+from flashlab.lab.experiments import measure_case, ms, record, require_gpu
 
 TOKENS = 16384  # B * N
 HEADS_X_D = 2048  # H * d
@@ -54,9 +54,9 @@ def _flops(B: int, H: int, N: int, d: int, causal: bool) -> float:
 
 def _impls(q, k, v, pre: dict, causal: bool) -> dict:
     """(impl, dtype) -> a function that runs one forward pass."""
-    from ..bench import fused_attention_torch
-    from ..kernels import flash_attention
-    from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
+    from flashlab.lab.bench import fused_attention_torch
+    from flashlab.kernels import flash_attention
+    from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
 
     return {
         ("flashlab", "bfloat16"): lambda: flash_attention(q, k, v, causal=causal),
@@ -68,7 +68,7 @@ def _impls(q, k, v, pre: dict, causal: bool) -> dict:
 
 
 def bench_rows() -> list[dict[str, object]]:
-    from ..kernels.fp8 import quantize_qkv
+    from flashlab.kernels.fp8 import quantize_qkv
 
     rows: list[dict[str, object]] = []
     jobs = [(d, n) for d in DS for n in NS]
@@ -96,10 +96,10 @@ def bench_rows() -> list[dict[str, object]]:
 
 
 def rmse_rows() -> list[dict[str, object]]:
-    from ..kernels import flash_attention
-    from ..kernels.fp8 import flash_attention_fp8_from
-    from ..reference import attention
-    from ..reference.fp8 import outlier_inputs, rmse
+    from flashlab.kernels import flash_attention
+    from flashlab.kernels.fp8 import flash_attention_fp8_from
+    from flashlab.reference import attention
+    from flashlab.reference.fp8 import outlier_inputs, rmse
 
     rows: list[dict[str, object]] = []
     for seed in RMSE_SEEDS:
@@ -190,8 +190,8 @@ def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: 
     descale blocks of ``block`` rows, one load path ("pointer" or "tma") and the
     software-pipelined key loop on or off; timed if asked.
     ``config=None``: flashlab's bf16 forward as users get it (autotuned, its default loads)."""
-    from ..kernels import flash_attention
-    from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
+    from flashlab.kernels import flash_attention
+    from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
 
     q, k, v = _inputs(n)
     if config is None:
@@ -215,7 +215,7 @@ def _sweep(stem: str, target: str, jobs: list, out: Path, timeout: float) -> lis
     process (:func:`isolated`), one after the other: ``target(*args)`` returns the job's timed rows,
     and ``name(n)`` the columns that name it, for the rows of a job that crashed or hung."""
     require_gpu()
-    from . import isolated
+    from flashlab.lab.experiments import isolated
 
     rows = [_tile_case(None, 0, n, timed=True) for n in TILE_NS]
     for row in rows:
@@ -238,7 +238,7 @@ def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
     that one which crashes or hangs is recorded as such and cannot spoil the others."""
     jobs = [((config, block, path, pipeline), functools.partial(_tile_row, config, block, path=path, pipeline=pipeline))
             for config, path, pipeline, block in TILE_VARIANTS]
-    return _sweep("fp8_tiles", "flashlab.experiments.fp8:_variant_rows", jobs, out, timeout)
+    return _sweep("fp8_tiles", "flashlab.lab.experiments.fp8:_variant_rows", jobs, out, timeout)
 
 
 # Variants of the FP8 kernel's keyword options, each ((BLOCK_M, BLOCK_N, warps, stages[, register cap]),
@@ -275,7 +275,7 @@ def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: 
 
 def _option_rows(config, v_block: int | None, options: dict) -> list[dict[str, object]]:
     """One variant at every TILE_NS, timed (run in its own process by :func:`_sweep`)."""
-    from ..kernels.fp8 import flash_attention_fp8, quantize_qkv
+    from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
 
     rows = []
     for n in TILE_NS:
@@ -290,7 +290,7 @@ def _variants(stem: str, variants: list, out: Path, timeout: float) -> list[Path
     """RESCALE_VARIANTS or PIPELINE_VARIANTS through :func:`_sweep`."""
     jobs = [((config, v_block, options), functools.partial(_option_row, config, v_block, options))
             for config, v_block, options in variants]
-    return _sweep(stem, "flashlab.experiments.fp8:_option_rows", jobs, out, timeout)
+    return _sweep(stem, "flashlab.lab.experiments.fp8:_option_rows", jobs, out, timeout)
 
 
 def rescaling(out: Path, timeout: float = 50.0) -> list[Path]:

@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from .. import results
-from ..reference import fp8
-from ..sim.events import SCHEDULES, Tile, Timeline, pingpong as pingpong_schedule, producer_consumer
-from .timeline import COLOURS
+from flashlab.lab import results
+from flashlab.reference import fp8
+from flashlab.sim.events import SCHEDULES, Tile, Timeline, pingpong as pingpong_schedule, producer_consumer
+from flashlab.course.figures.timeline import COLOURS
 
 __all__ = ["pingpong", "schedules_utilisation", "fp8_incoherent", "pipelining_h200", "fp8_speed_h200"]
 

@@ -1,6 +1,6 @@
 """FlashAttention-4's software tricks measured on Hopper: software exp2 and conditional rescaling.
 
-    python -m flashlab.experiments fa4 --out results
+    python -m flashlab.lab.experiments fa4 --out results
 
 For bf16, d = 128 and 64 (H = 2048 / d heads), B·N = 16384 tokens with N in {4096, 16384},
 non-causal and causal, one after the other in this process:
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import ms, record, require_gpu
+from flashlab.lab.experiments import ms, record, require_gpu
 
 # (BLOCK_M, BLOCK_N, warps, stages) of the fa4 variant, per head dimension. Measured on the lent
 # H200 (triton 3.6, bf16, N = 16384, non-causal, poly 0): d = 128 at 128x128x8x3 is within 2 % of
@@ -62,7 +62,7 @@ def _compile_facts(compiled) -> dict[str, object]:
 def _base_config() -> str:
     """The configuration the base kernel's autotuner picked for the last shape it ran."""
     try:
-        from ..kernels.forward import _forward_kernel
+        from flashlab.kernels.forward import _forward_kernel
 
         c = _forward_kernel.best_config
         return f"autotuned {c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}x{c.num_warps}x{c.num_stages}"
@@ -72,7 +72,7 @@ def _base_config() -> str:
 
 def _tiles_per_program(n: int, block_m: int, block_n: int, causal: bool) -> float:
     """Mean number of K/V tiles a query block visits (causal: up to the diagonal, as the kernel)."""
-    from ..kernels._common import causal_key_range
+    from flashlab.kernels._common import causal_key_range
 
     programs = -(-n // block_m)
     if not causal:
@@ -82,8 +82,8 @@ def _tiles_per_program(n: int, block_m: int, block_n: int, causal: bool) -> floa
 
 def run(out: Path) -> list[Path]:
     require_gpu()
-    from ..kernels import flash_attention
-    from ..kernels.fa4 import fa4_forward, realised_poly_fraction
+    from flashlab.kernels import flash_attention
+    from flashlab.kernels.fa4 import fa4_forward, realised_poly_fraction
 
     t0 = time.perf_counter()
     rows: list[dict[str, object]] = []

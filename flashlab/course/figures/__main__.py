@@ -1,4 +1,4 @@
-"""python -m flashlab.figures OUTDIR — write every figure of the book (PNG + SVG)."""
+"""python -m flashlab.course.figures OUTDIR — write every figure of the book (PNG + SVG)."""
 
 import sys
 
@@ -6,7 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from . import save_all  # noqa: E402
+from flashlab.course.figures import save_all  # noqa: E402
 
 if __name__ == "__main__":
     outdir = sys.argv[1] if len(sys.argv) > 1 else "figures"

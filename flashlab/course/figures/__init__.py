@@ -2,7 +2,7 @@
 
 Each figure is a function in a submodule that takes no required arguments and
 returns a :class:`matplotlib.figure.Figure`. :data:`FIGURES` maps the file stem
-written under ``figures/`` to ``"module:function"``; ``python -m flashlab.figures
+written under ``figures/`` to ``"module:function"``; ``python -m flashlab.course.figures
 OUTDIR`` (``make figures``) writes every one as PNG and SVG.
 
 Chapters call the same functions, so the book and ``figures/`` never disagree.

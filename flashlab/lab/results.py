@@ -17,7 +17,7 @@ from pathlib import Path
 
 __all__ = ["RESULTS_DIR", "Recorded", "load", "note_value", "write"]
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"  # the checkout's results/
 REQUIRED_META = ("gpu", "driver", "torch", "triton", "date", "command", "commit")
 
 
@@ -59,7 +59,7 @@ class Recorded:
         date = re.match(r"\d{4}-\d{2}-\d{2}", str(m.get("date", ""))) or None
         when = f", {date.group(0)}" if date else ""
         gpu = str(m.get("gpu", "unknown GPU"))
-        if gpu.startswith("none"):  # compiled, not run (flashlab.compile_report): "none: compiled for sm_90 ..."
+        if gpu.startswith("none"):  # compiled, not run (flashlab.lab.compile_report): "none: compiled for sm_90 ..."
             what = gpu.split(":", 1)[-1].strip() if ":" in gpu else "not run on a GPU"
             return f"{what} (Triton {m.get('triton', '?')}){when}; results/{self.stem}"
         return f"measured on an {gpu} (torch {torch_version}, Triton {m.get('triton', '?')}){when}; results/{self.stem}"

@@ -37,8 +37,8 @@ that a bank of known-wrong answers (``tests/mutations/``) is caught.
 
 Command line::
 
-    python -m flashlab.assignments [build] OUTDIR [NOTEBOOK ...]
-    python -m flashlab.assignments grade SUBMISSIONS [--out build/grades.csv] [--chapter NAME ...]
+    python -m flashlab.course.assignments [build] OUTDIR [NOTEBOOK ...]
+    python -m flashlab.course.assignments grade SUBMISSIONS [--out build/grades.csv] [--chapter NAME ...]
 
 (default notebooks: every ``notebooks/*.ipynb`` of the repository).
 """
@@ -58,7 +58,7 @@ from typing import Callable, Mapping, Sequence
 
 import nbformat
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 COURSE_ID = "flashlab"
 
@@ -71,7 +71,7 @@ END_HIDDEN = "### END HIDDEN TESTS"
 _OWNED = ("nbgrader_config.py", "gradebook.db", "source", "release", "solutions")
 
 _CONFIG = f'''\
-# Written by flashlab.assignments; rewritten by every `make assignments`.
+# Written by flashlab.course.assignments; rewritten by every `make assignments`.
 c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = "{COURSE_ID}"
 # Run nbgrader from this folder: the course root is the working directory.
@@ -905,7 +905,7 @@ def _grade_summary(rows: Sequence[dict], out_csv: Path, seconds: float) -> str:
 
 def _main_grade(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m flashlab.assignments grade",
+        prog="python -m flashlab.course.assignments grade",
         description="Grade a folder of submitted notebooks into a CSV of scores per student and exercise. "
                     "The hidden tests are put back from the book's notebooks before each submission runs.",
         epilog="Layout: SUBMISSIONS/<student>/<chapter>.ipynb or SUBMISSIONS/<student>/<chapter>/<chapter>.ipynb "
@@ -940,10 +940,10 @@ def _main_grade(argv: Sequence[str]) -> int:
 
 def _main_build(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m flashlab.assignments [build]",
+        prog="python -m flashlab.course.assignments [build]",
         description="Build student versions (solutions and hidden tests stripped) with nbgrader.",
-        epilog="To grade submissions: python -m flashlab.assignments grade SUBMISSIONS --out build/grades.csv "
-               "(see `python -m flashlab.assignments grade -h`).",
+        epilog="To grade submissions: python -m flashlab.course.assignments grade SUBMISSIONS --out build/grades.csv "
+               "(see `python -m flashlab.course.assignments grade -h`).",
     )
     parser.add_argument("outdir", type=Path, help="output folder, e.g. build/assignments")
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks (default: notebooks/*.ipynb)")
@@ -957,8 +957,8 @@ def _main_build(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line.
 
-    ``python -m flashlab.assignments [build] OUTDIR [NOTEBOOK ...]`` builds the student
-    versions (``build`` may be left out, as before); ``python -m flashlab.assignments
+    ``python -m flashlab.course.assignments [build] OUTDIR [NOTEBOOK ...]`` builds the student
+    versions (``build`` may be left out, as before); ``python -m flashlab.course.assignments
     grade SUBMISSIONS --out CSV`` grades submissions.
     """
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -15,10 +15,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .. import cycles
-from ..hardware import B200, B300, H100
-from ..reference import rescale, softexp
-from .timeline import COLOURS
+from flashlab import cycles
+from flashlab.hardware import B200, B300, H100
+from flashlab.reference import rescale, softexp
+from flashlab.course.figures.timeline import COLOURS
 
 __all__ = ["cycles_per_tile", "software_exp2", "conditional_rescaling", "variants_h200"]
 
@@ -180,7 +180,7 @@ def variants_h200(stem: str = "fa4_variants_h200", d: int = 128) -> Figure:
     factors)."""
     import textwrap
 
-    from ..results import load
+    from flashlab.lab.results import load
 
     rec = load(stem)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11.5, 4.6), layout="constrained", width_ratios=[1.5, 1])

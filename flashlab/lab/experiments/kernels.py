@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import measure_case, ms, record, require_gpu
+from flashlab.lab.experiments import measure_case, ms, record, require_gpu
 
 BF16 = torch.bfloat16
 
@@ -60,7 +60,7 @@ def grid(out: Path) -> list[Path]:
     """The same forward kernel and block configuration launched on the two grids of chapter 5.
     v1: (1, B*H) programs, each looping over its query blocks; v2: (N/BLOCK_M, B*H)."""
     require_gpu()
-    from ..kernels.forward import forward
+    from flashlab.kernels.forward import forward
 
     config = (128, 128, 8, 3)  # one configuration (and pointer loads) for both grids, so only the partitioning differs
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -99,7 +99,7 @@ _PIPELINE_CASES = [
 def _pipeline_case(d, N, causal, bm, bn, warps, stages, tma, ws, timed: bool = False) -> dict[str, object]:
     """Run (and, if ``timed``, time) the forward with one fixed configuration at B*N = 16k
     tokens, H = 2048/d; returns the experiment's row."""
-    from ..kernels.forward import forward
+    from flashlab.kernels.forward import forward
 
     B, H = 16384 // N, 2048 // d
     row: dict[str, object] = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn,
@@ -117,9 +117,9 @@ def pipelining(out: Path) -> list[Path]:
     pointer loads, for a few block shapes (_PIPELINE_CASES). The configurations are compiled
     in parallel first (:func:`precompile`), then timed one at a time."""
     require_gpu()
-    from . import precompile
+    from flashlab.lab.experiments import precompile
 
-    precompile([("flashlab.experiments.kernels:_pipeline_case", case) for case in _PIPELINE_CASES])
+    precompile([("flashlab.lab.experiments.kernels:_pipeline_case", case) for case in _PIPELINE_CASES])
     rows = []
     for case in _PIPELINE_CASES:
         rows.append(_pipeline_case(*case, timed=True))
@@ -133,7 +133,7 @@ def determinism(out: Path) -> list[Path]:
     """Bits: dQ over 10 backward passes with atomic adds vs with the deterministic dQ kernel.
     Speed: forward + backward of each path at the bench shapes."""
     require_gpu()
-    from ..kernels import flash_attention
+    from flashlab.kernels import flash_attention
 
     rows = []
     B, H, N, d = 2, 16, 4096, 128
@@ -174,8 +174,8 @@ def memory(out: Path) -> list[Path]:
     """Peak GPU memory of one forward + backward at N = 131072, B = H = 1, d = 128, beyond the
     inputs (q, k, v, dO): flashlab and SDPA flash, causal and not."""
     require_gpu()
-    from ..bench import fused_attention_torch
-    from ..kernels import flash_attention
+    from flashlab.lab.bench import fused_attention_torch
+    from flashlab.kernels import flash_attention
 
     N, d = 131072, 128
     rows = []
@@ -213,8 +213,7 @@ def beyond(out: Path) -> list[Path]:
     """The features of chapter 9 but decoding (:func:`decode`), each timed beside its baseline, with rows in the bench columns
     (impl, dtype, causal, d, N, B, H, pass, ms, tflops) plus a 'case' and a 'note'."""
     require_gpu()
-    from ..bench import fused_attention_torch
-    from ..kernels import flash_attention, flash_attention_varlen
+    from flashlab.kernels import flash_attention, flash_attention_varlen
 
     rows: list[dict[str, object]] = []
 
@@ -324,9 +323,9 @@ def decode(out: Path) -> list[Path]:
     and the host's own cost per call. Also: the paged cache (pages of 16 and 256 keys, shuffled)
     against the contiguous one, and the split count swept around the heuristic's choice."""
     require_gpu()
-    from ..bench import fused_attention_torch
-    from ..kernels import flash_attention, flash_decode
-    from ..kernels.decoding import _launch_config, choose_num_splits
+    from flashlab.lab.bench import fused_attention_torch
+    from flashlab.kernels import flash_attention, flash_decode
+    from flashlab.kernels.decoding import _launch_config, choose_num_splits
 
     rows: list[dict[str, object]] = []
 

@@ -36,8 +36,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Polygon
 
-from .. import hardware
-from ..results import load
+from flashlab import hardware
+from flashlab.lab.results import load
 
 __all__ = ["Level", "pyramid_levels", "memory_pyramid", "roofline", "naive_vs_fused_h200", "HOST"]
 

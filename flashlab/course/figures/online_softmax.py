@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
-from ..reference.softmax import OnlineSoftmaxState
+from flashlab.reference.softmax import OnlineSoftmaxState
 
 __all__ = ["online_softmax_example"]
 

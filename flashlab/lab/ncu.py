@@ -1,6 +1,6 @@
 """HBM bytes of one attention forward + backward, counted by Nsight Compute.
 
-    python -m flashlab.ncu --out results          # on a CUDA machine with ncu
+    python -m flashlab.lab.ncu --out results          # on a CUDA machine with ncu
 
 For each implementation and shape, ncu (``--clock-control none``, metrics
 dram__bytes_read.sum and dram__bytes_write.sum, ``--profile-from-start off``)
@@ -21,7 +21,6 @@ import io
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 IMPLS = ("naive", "sdpa_flash", "flashlab")
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
@@ -32,7 +31,7 @@ def workload(impl: str, batch: int, heads: int, n: int, d: int, pas: str = "fwdb
     cudaProfilerStart and cudaProfilerStop."""
     import torch
 
-    from .bench import _impl
+    from flashlab.lab.bench import _impl
 
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v, do = (torch.randn(batch, heads, n, d, generator=g).to("cuda", torch.float16) for _ in range(4))
@@ -52,7 +51,7 @@ def workload(impl: str, batch: int, heads: int, n: int, d: int, pas: str = "fwdb
 def measure(impl: str, batch: int, heads: int, n: int, d: int, pas: str = "fwdbwd") -> dict[str, object]:
     """Run ``workload`` under ncu and sum the DRAM bytes over the profiled kernels."""
     cmd = ["ncu", "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
-           "--profile-from-start", "off", sys.executable, "-m", "flashlab.ncu", "--workload", impl,
+           "--profile-from-start", "off", sys.executable, "-m", "flashlab.lab.ncu", "--workload", impl,
            str(batch), str(heads), str(n), str(d), pas]
     env = {**os.environ, "FLASHLAB_AUTOTUNE": "0"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -75,7 +74,7 @@ def measure(impl: str, batch: int, heads: int, n: int, d: int, pas: str = "fwdbw
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashlab.ncu", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flashlab.lab.ncu", description=__doc__.split("\n")[0])
     parser.add_argument("--workload", nargs=6, metavar=("IMPL", "B", "H", "N", "D", "PASS"), help=argparse.SUPPRESS)
     parser.add_argument("--passes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
     parser.add_argument("--out", default=None, help="results folder (default: the repository's results/)")
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         impl, b, h, n, d, pas = args.workload
         workload(impl, int(b), int(h), int(n), int(d), pas)
         return 0
-    from . import bench, results
+    from flashlab.lab import bench, results
 
     rows = []
     for n in args.ns:
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = measure(impl, max(1, 65536 // n), 16, n, 64, pas)
                 rows.append(row)
                 print(row, flush=True)
-    command = "python -m flashlab.ncu " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m flashlab.lab.ncu " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = bench.provenance(command.strip())
     meta["method"] = "ncu --clock-control none --metrics " + ",".join(METRICS) + " --profile-from-start off"
     for path in results.write("hbm_bytes_h200", rows, meta, args.out or results.RESULTS_DIR):

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..memory import count_flash, count_standard, flash_io_formula, standard_io_formula
+from flashlab.memory import count_flash, count_standard, flash_io_formula, standard_io_formula
 
 __all__ = ["io_vs_n", "io_vs_m"]
 

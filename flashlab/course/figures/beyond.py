@@ -19,15 +19,14 @@ The chapter's tables read the same two runs through the small helpers below
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from ..hardware import H200
-from ..results import note_value
-from ..reference.beyond import window_block_counts, window_mask
-from .timeline import COLOURS
+from flashlab.hardware import H200
+from flashlab.lab.results import note_value
+from flashlab.reference.beyond import window_block_counts, window_mask
+from flashlab.course.figures.timeline import COLOURS
 
 __all__ = ["block_masks", "features_h200", "recorded_ms", "note_value", "decode_shapes", "decode_timing",
            "decode_splits"]
@@ -174,7 +173,7 @@ def features_h200(stem: str = "beyond_h200", decode_stem: str = "decode_h200") -
     the H200's HBM bandwidth is dashed. Under each group: the split kernel's speed relative
     to SDPA flash's, per call and on the GPU alone.
     """
-    from ..results import load
+    from flashlab.lab.results import load
 
     rec, dec = load(stem), load(decode_stem)
     fig = plt.figure(figsize=(13.5, 8.8), layout="constrained")

@@ -1,0 +1,106 @@
+"""GPU experiments behind chapters 5-9, each a function that measures and records.
+
+    python -m flashlab.lab.experiments grid pipelining fp8 ... --out results
+
+Each experiment is a function ``run(out: Path) -> list[Path]`` in a module of this
+package, registered in :data:`EXPERIMENTS`. It measures on the GPU (CUDA required),
+and writes ``OUT/<stem>_<tag>.csv`` + ``.json`` through :func:`record`, with the
+provenance of :func:`flashlab.lab.bench.provenance` (GPU, driver, versions, date, command,
+git commit). Notebooks read them back with :func:`flashlab.lab.results.load`.
+
+Every timing is a median of :func:`triton.testing.do_bench` (via
+:func:`flashlab.lab.bench.time_ms`) and every comparison is between implementations
+measured in the same process, one after the other.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from flashlab.lab.measure import function_at, isolated, precompile, provenance, time_ms
+
+__all__ = ["EXPERIMENTS", "TAG", "isolated", "measure_case", "record", "ms", "precompile", "require_gpu", "run"]
+
+TAG = "h200"  # suffix of the result stems: the lent GPU
+COMMAND = "python -m flashlab.lab.experiments"
+
+# name -> "module:function"; modules are imported only when their experiment runs.
+EXPERIMENTS: dict[str, str] = {
+    "grid": "flashlab.lab.experiments.kernels:grid",
+    "pipelining": "flashlab.lab.experiments.kernels:pipelining",
+    "determinism": "flashlab.lab.experiments.kernels:determinism",
+    "memory": "flashlab.lab.experiments.kernels:memory",
+    "beyond": "flashlab.lab.experiments.kernels:beyond",
+    "decode": "flashlab.lab.experiments.kernels:decode",
+    "fp8": "flashlab.lab.experiments.fp8:run",
+    "fp8rmse": "flashlab.lab.experiments.fp8:rmse",
+    "fp8tiles": "flashlab.lab.experiments.fp8:tiles",
+    "fp8rescale": "flashlab.lab.experiments.fp8:rescaling",
+    "fp8pipeline": "flashlab.lab.experiments.fp8:pipelines",
+    "fa4": "flashlab.lab.experiments.fa4:run",
+}
+
+
+def require_gpu() -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("this experiment measures a CUDA GPU; none is available (CI has none; run it on the lent H200)")
+
+
+def ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of ``fn`` on the GPU (triton.testing.do_bench)."""
+    return time_ms(fn, "cuda")
+
+
+def measure_case(row: dict[str, object], run: Callable[[], torch.Tensor], reference: Callable[[], torch.Tensor],
+                 flops: float, timed: bool) -> dict[str, object]:
+    """Run one fixed configuration of a kernel once, which compiles it; if ``timed``, also record
+    in ``row`` its median time (ms), TFLOP/s, largest error against ``reference()`` (max_err)
+    and status "ok". A configuration the compiler or the GPU refuses (out of shared memory, a
+    failing pass) is recorded in ``status`` when timed, and raised in a :func:`precompile`
+    worker (``timed=False``), where nothing is recorded."""
+    try:
+        with torch.no_grad():
+            o = run()
+            if timed:
+                err = (o.float() - reference()).abs().max().item()
+                t = ms(run)
+                row.update(ms=round(t, 5), tflops=round(flops / (t * 1e-3) / 1e12, 2), max_err=f"{err:.2e}", status="ok")
+    except Exception as exc:
+        if not timed:
+            raise
+        row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:120]}".replace(",", ";"))
+    return row
+
+
+def record(stem: str, rows: list[dict[str, object]], out: str | Path) -> list[Path]:
+    """Write ``OUT/<stem>_<TAG>.csv/.json`` with this run's provenance."""
+    from flashlab.lab.results import write
+
+    command = COMMAND + " " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else COMMAND
+    paths = write(f"{stem}_{TAG}", rows, provenance(command.strip()), out)
+    for p in paths:
+        print(p, flush=True)
+    return paths
+
+
+def run(names: list[str], out: str | Path) -> list[Path]:
+    """Run the named experiments in order; one that fails is reported and the rest go on."""
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        raise ValueError(f"experiment names must be among {sorted(EXPERIMENTS)}; got {unknown}")
+    written: list[Path] = []
+    for name in names:
+        print(f"== {name}", flush=True)
+        try:
+            written += function_at(EXPERIMENTS[name])(Path(out))
+        except Exception as exc:  # keep going: one broken experiment must not lose the others' results
+            import traceback
+
+            traceback.print_exc()
+            print(f"== {name} FAILED: {type(exc).__name__}: {exc}", flush=True)
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return written

@@ -1,0 +1,61 @@
+"""What every reference algorithm shares: checks of its inputs, the scale, the causal mask.
+
+``causal_mask(n_q, n_k)`` is bottom-right aligned, as in FlashAttention-2 and later:
+query i may see key j iff ``j <= i + (n_k - n_q)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._validate import as_float_array, positive_float
+
+__all__ = ["causal_mask"]
+
+
+def _check_qkv(q, k, v, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q = as_float_array("q", q, dtype, min_ndim=2)
+    k = as_float_array("k", k, dtype, min_ndim=2)
+    v = as_float_array("v", v, dtype, min_ndim=2)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same head dimension d (last axis); got q.shape={q.shape}, k.shape={k.shape}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of keys N_k (second-to-last axis); "
+            f"got k.shape={k.shape}, v.shape={v.shape}"
+        )
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            f"q, k and v must have the same leading (batch, head) dimensions; "
+            f"got q.shape={q.shape}, k.shape={k.shape}, v.shape={v.shape}"
+        )
+    return q, k, v
+
+
+def _check_output_like(q: np.ndarray, v: np.ndarray, dtype=np.float64, **arrays) -> list[np.ndarray]:
+    """Each named array (e.g. o=..., do=...) as a float array of the output's shape (..., N_q, d_v)."""
+    expected = q.shape[:-1] + v.shape[-1:]
+    checked = []
+    for name, arr in arrays.items():
+        arr = as_float_array(name, arr, dtype, min_ndim=2)
+        if arr.shape != expected:
+            raise ValueError(f"{name} must have the shape of the output {expected}; got {name}.shape={arr.shape}")
+        checked.append(arr)
+    return checked
+
+
+def _scale(scale: float | None, d: int) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else positive_float("scale", scale)
+
+
+def causal_mask(n_q: int, n_k: int) -> np.ndarray:
+    """Boolean (n_q, n_k) mask, True where query i may attend to key j.
+
+    Bottom-right aligned: allowed iff j <= i + (n_k - n_q)."""
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[None, :]
+    return j <= i + (n_k - n_q)
