@@ -1,6 +1,6 @@
 # flashlab — the doors a reader walks through.
 #   make book         create .venv, install, render the site, print where to open it
-#   make test         unit, property, kernel, notebook (nbval), site and assignment tests
+#   make test         import contract, unit, property, kernel, notebook (nbval), site and assignment tests
 #   make lab          JupyterLab on notebooks/
 #   make figures      regenerate figures/ from flashlab.course.figures
 #   make assignments  student versions of the exercises (solutions stripped) in build/assignments
@@ -48,6 +48,7 @@ book: $(STAMP)
 	$(PY) -m flashlab.course.site build
 
 test: $(STAMP) chromium
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests
 	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
