@@ -14,7 +14,7 @@ def _report(*args, **options) -> dict:
     """compile_report.report in a fresh process without TRITON_INTERPRET (the test suite sets it,
     and interpreted kernels cannot be compiled)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = f"import json; from flashlab import compile_report as c; print(json.dumps(c.report(*{args!r}, **{options!r})))"
+    code = f"import json; from flashlab.lab import compile_report as c; print(json.dumps(c.report(*{args!r}, **{options!r})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
