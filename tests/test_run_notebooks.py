@@ -9,7 +9,7 @@ import pytest
 
 from flashlab.course import run_notebooks
 from flashlab.lab import results
-from flashlab.lab.experiments import TAG
+from flashlab.lab.measure import gpu_tag
 from flashlab.course.run_notebooks import run_notebook
 
 
@@ -56,6 +56,14 @@ def test_command_line_runs_a_chapter_and_records_it(tmp_path: Path, capsys: pyte
     assert run_notebooks.main(["--out", str(tmp_path), "--results", str(tmp_path / "rec"), "02_online_softmax"]) == 0
     assert "02_online_softmax.ipynb" in capsys.readouterr().out
     assert (tmp_path / "02_online_softmax.ipynb").is_file()
-    rec = results.load(f"notebooks_{TAG}", tmp_path / "rec")
+    rec = results.load(f"notebooks_{gpu_tag()}", tmp_path / "rec")
     assert [(r["notebook"], r["status"]) for r in rec.rows] == [("02_online_softmax.ipynb", "ok")]
     assert rec.meta["command"].startswith("python -m flashlab.course.run_notebooks")
+
+
+def test_result_stems_are_named_for_the_gpu() -> None:
+    from flashlab.lab.measure import gpu_tag
+
+    assert gpu_tag("NVIDIA H200") == "h200"
+    assert gpu_tag("NVIDIA GeForce RTX 4090") == "rtx-4090"
+    assert gpu_tag("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"

@@ -8,7 +8,7 @@ committed notebooks are never touched, so their CPU outputs stay what nbval comp
 machine with a CUDA GPU the chapters take the GPU paths (full-size kernels, autotuning), so
 this is how a maintainer checks that "a GPU, when present, is used" still works. With
 ``--results`` the outcome is recorded as ``notebooks_h200`` (the experiments' stem suffix,
-:data:`flashlab.lab.experiments.TAG`; one row per notebook: status, seconds, the failing cell's
+:func:`flashlab.lab.measure.gpu_tag`; one row per notebook: status, seconds, the failing cell's
 error) with the provenance of :func:`flashlab.lab.bench.provenance`.
 
 The exit status is 1 if any notebook failed, so the command can gate a release.
@@ -81,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         from flashlab.lab import results
         from flashlab.lab.bench import provenance
-        from flashlab.lab.experiments import TAG
+        from flashlab.lab.measure import gpu_tag
 
         command = "python -m flashlab.course.run_notebooks " + " ".join(argv if argv is not None else sys.argv[1:])
         meta = provenance(command)
         meta["note"] = (f"every notebook executed top to bottom in a fresh kernel, {args.jobs} at a time "
                         f"(so the seconds include waiting for the GPU and the CPU cores); executed copies "
                         f"not kept in the repository")
-        for p in results.write(f"notebooks_{TAG}", rows, meta, args.results):
+        for p in results.write(f"notebooks_{gpu_tag()}", rows, meta, args.results):
             print("wrote", p)
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 

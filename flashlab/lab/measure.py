@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["TOKENS", "HEADS_X_D", "paper_shape", "time_ms", "provenance", "gpu_slug", "function_at", "precompile", "isolated"]
+__all__ = ["TOKENS", "HEADS_X_D", "paper_shape", "time_ms", "provenance", "gpu_slug", "gpu_tag", "function_at", "precompile", "isolated"]
 
 TOKENS = 16384  # B * N, the batch shrinks as the sequence grows
 HEADS_X_D = 2048  # H * d, the heads shrink as the head dimension grows
@@ -50,6 +50,15 @@ def time_ms(fn: Callable[[], object], device: str, repeats: int = 5) -> float:
 
 
 
+def gpu_tag(name: str | None = None) -> str:
+    """The suffix of a result stem on this GPU: its slug without the vendor and brand words,
+    'NVIDIA H200' -> 'h200', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'; 'cpu' without a GPU."""
+    if name is None and not torch.cuda.is_available():
+        return "cpu"
+    words = gpu_slug(name).split("-")
+    return "-".join(w for w in words if w not in ("nvidia", "geforce", "tesla")) or "gpu"
+
+
 def gpu_slug(name: str | None = None) -> str:
     """'NVIDIA H200' -> 'nvidia-h200': the results folder of a GPU."""
     name = name if name is not None else torch.cuda.get_device_name(0)
@@ -69,7 +78,8 @@ def provenance(command: str) -> dict[str, object]:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "CPU"
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
-    # A copy of the tree without .git (e.g. on a lent GPU machine) gets the commit from FLASHLAB_COMMIT.
+    # A copy of the tree without .git (a GPU machine that received the files only) names its
+    # commit in FLASHLAB_COMMIT.
     commit = os.environ.get("FLASHLAB_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or "unknown"
     dirty = "" if os.environ.get("FLASHLAB_COMMIT") else _run(["git", "status", "--porcelain", "--untracked-files=no"])
     return {

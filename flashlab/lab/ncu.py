@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         workload(impl, int(b), int(h), int(n), int(d), pas)
         return 0
     from flashlab.lab import bench, results
+    from flashlab.lab.measure import gpu_tag
 
     rows = []
     for n in args.ns:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m flashlab.lab.ncu " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = bench.provenance(command.strip())
     meta["method"] = "ncu --clock-control none --metrics " + ",".join(METRICS) + " --profile-from-start off"
-    for path in results.write("hbm_bytes_h200", rows, meta, args.out or results.RESULTS_DIR):
+    for path in results.write(f"hbm_bytes_{gpu_tag()}", rows, meta, args.out or results.RESULTS_DIR):
         print(path)
     return 0
 

@@ -21,11 +21,10 @@ from typing import Callable
 
 import torch
 
-from flashlab.lab.measure import function_at, isolated, precompile, provenance, time_ms
+from flashlab.lab.measure import function_at, gpu_tag, isolated, precompile, provenance, time_ms
 
-__all__ = ["EXPERIMENTS", "TAG", "isolated", "measure_case", "record", "ms", "precompile", "require_gpu", "run"]
+__all__ = ["EXPERIMENTS", "isolated", "measure_case", "record", "ms", "precompile", "require_gpu", "run"]
 
-TAG = "h200"  # suffix of the result stems: the lent GPU
 COMMAND = "python -m flashlab.lab.experiments"
 
 # name -> "module:function"; modules are imported only when their experiment runs.
@@ -47,7 +46,7 @@ EXPERIMENTS: dict[str, str] = {
 
 def require_gpu() -> None:
     if not torch.cuda.is_available():
-        raise RuntimeError("this experiment measures a CUDA GPU; none is available (CI has none; run it on the lent H200)")
+        raise RuntimeError("this experiment measures a CUDA GPU; none is available (run it on a machine with one)")
 
 
 def ms(fn: Callable[[], object]) -> float:
@@ -77,11 +76,11 @@ def measure_case(row: dict[str, object], run: Callable[[], torch.Tensor], refere
 
 
 def record(stem: str, rows: list[dict[str, object]], out: str | Path) -> list[Path]:
-    """Write ``OUT/<stem>_<TAG>.csv/.json`` with this run's provenance."""
+    """Write ``OUT/<stem>_<gpu>.csv/.json`` with this run's provenance (``<gpu>``: :func:`gpu_tag`)."""
     from flashlab.lab.results import write
 
     command = COMMAND + " " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else COMMAND
-    paths = write(f"{stem}_{TAG}", rows, provenance(command.strip()), out)
+    paths = write(f"{stem}_{gpu_tag()}", rows, provenance(command.strip()), out)
     for p in paths:
         print(p, flush=True)
     return paths
