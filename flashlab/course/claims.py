@@ -35,7 +35,8 @@ __all__ = ["CHAPTERS", "CLAIMS", "Claim", "STATUSES", "SEEDS", "render", "signif
 
 STATUSES = ("reproduced", "modelled", "quoted", "differs", "not covered")
 
-#: The seed documents (shared/seeds/*.txt), by the short name used in ``source``.
+#: The four Chinese source documents the book was written from (its seeds), by the short name
+#: used in ``source``.
 SEEDS = {
     "S0": "000_af340efeeb369663.txt: the small book on four FlashAttention generations",
     "S1": "001_ceffb207d83b80e3.txt: an article on FlashAttention-3",
