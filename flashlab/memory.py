@@ -76,6 +76,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ._validate import as_float_array, positive_int
+from .reference.common import block_ranges
 from .reference.flash1 import block_sizes, flash1_step
 
 __all__ = [
@@ -296,9 +297,9 @@ def _label(name: str, index: object) -> str:
     return name + "[" + ", ".join(f"{p.start or 0}:{'' if p.stop is None else p.stop}" for p in parts) + "]"
 
 
-def _blocks(n: int, size: int) -> list[slice]:
-    """Slices covering range(n) in blocks of ``size``; the last may be shorter (ragged N)."""
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+def _block_slices(n: int, size: int) -> list[slice]:
+    """:func:`~flashlab.reference.common.block_ranges` as slices, the index HBM and SRAM take."""
+    return [slice(start, stop) for start, stop in block_ranges(n, size)]
 
 
 # ---- standard attention (Algorithm 0) -----------------------------------------------
@@ -321,7 +322,7 @@ def standard_tile(d: int, sram_size: int) -> int:
 def _standard(sram: SRAM, N: int, d: int, tau: float) -> None:
     """Algorithm 0 against ``sram``: Q, K, V in HBM; S, P, O are written there."""
     b, M = standard_tile(d, sram.capacity), sram.capacity
-    tiles = _blocks(N, b)
+    tiles = _block_slices(N, b)
     for r in tiles:  # kernel 1: S = tau Q K^T, Q_i kept while K_j streams
         with sram.hold(sram.load("Q", r)) as (Q_i,):
             for c in tiles:
@@ -331,7 +332,7 @@ def _standard(sram: SRAM, N: int, d: int, tau: float) -> None:
                         S_ij[:] = tau * (Q_i @ K_j.T)  # (b, b)
                     sram.store("S", (r, c), S_ij)
     if N <= M:  # kernel 2: P = softmax(S), whole rows fit: floor(M/N) rows at a time
-        for r in _blocks(N, M // N):
+        for r in _block_slices(N, M // N):
             with sram.hold(sram.load("S", r)) as (S_r,):  # (rows, N)
                 if sram.computing:
                     S_r -= S_r.max(axis=1, keepdims=True)
@@ -342,13 +343,13 @@ def _standard(sram: SRAM, N: int, d: int, tau: float) -> None:
         for i in range(N):
             row = slice(i, i + 1)
             m, l = -np.inf, 0.0  # registers: running max and sum (chapter 2)
-            for c in _blocks(N, M):
+            for c in _block_slices(N, M):
                 with sram.hold(sram.load("S", (row, c))) as (s,):
                     if sram.computing:
                         m_new = max(m, float(s.max()))
                         l = math.exp(m - m_new) * l + float(np.exp(s - m_new).sum())
                         m = m_new
-            for c in _blocks(N, M):
+            for c in _block_slices(N, M):
                 with sram.hold(sram.load("S", (row, c))) as (s,):
                     if sram.computing:
                         s[:] = np.exp(s - m) / l
@@ -412,8 +413,8 @@ def _check_flash_sram(d: int, sram_size: int) -> None:
 
 def _flash(sram: SRAM, N: int, d: int, tau: float) -> None:
     """Algorithm 1 against ``sram``: Q, K, V, O, l, m in HBM."""
-    Br, Bc = block_sizes(sram.capacity, d)  # line 1
-    q_blocks, kv_blocks = _blocks(N, Br), _blocks(N, Bc)  # lines 3-4: Tr and Tc blocks
+    Br, Bc = block_sizes(sram.capacity, d)  # line 1: Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d)
+    q_blocks, kv_blocks = _block_slices(N, Br), _block_slices(N, Bc)  # lines 3-4: Tr and Tc blocks
     for r in q_blocks:  # line 2: O = 0, l = 0, m = -inf written to HBM
         with sram.hold(sram.alloc((r.stop - r.start, d), "O_i")) as (O_i,):
             l_i = np.zeros(r.stop - r.start) if sram.computing else sram._placeholder((r.stop - r.start,))
@@ -421,17 +422,17 @@ def _flash(sram: SRAM, N: int, d: int, tau: float) -> None:
             sram.store("O", r, O_i)
             sram.store("l", r, l_i)
             sram.store("m", r, m_i)
-    for c in kv_blocks:  # line 5: outer loop over K/V blocks
-        with sram.hold(sram.load("K", c), sram.load("V", c)) as (K_j, V_j):  # line 6
-            for r in q_blocks:  # line 7: inner loop over Q blocks
-                with sram.hold(sram.load("Q", r), sram.load("O", r)) as (Q_i, O_i):  # line 8
-                    l_i, m_i = sram.load("l", r, to="registers"), sram.load("m", r, to="registers")
+    for c in kv_blocks:  # line 5: for j = 1..Tc, the outer loop over K/V blocks
+        with sram.hold(sram.load("K", c), sram.load("V", c)) as (K_j, V_j):  # line 6: load K_j, V_j
+            for r in q_blocks:  # line 7: for i = 1..Tr, the inner loop over Q blocks
+                with sram.hold(sram.load("Q", r), sram.load("O", r)) as (Q_i, O_i):  # line 8: load Q_i, O_i ...
+                    l_i, m_i = sram.load("l", r, to="registers"), sram.load("m", r, to="registers")  # line 8: load l_i, m_i
                     if sram.computing:
-                        S_ij = tau * (Q_i @ K_j.T)  # line 9 (Br, Bc), never leaves the chip
+                        S_ij = tau * (Q_i @ K_j.T)  # line 9: S_ij = tau Q_i K_j^T (Br, Bc), never leaves the chip
                         O_i[:], l_i, m_i = flash1_step(O_i, l_i, m_i, S_ij, V_j)  # lines 10-13 (chapter 3)
-                    sram.store("O", r, O_i)  # line 12: write O_i
-                    sram.store("l", r, l_i)  # line 13
-                    sram.store("m", r, m_i)
+                    sram.store("O", r, O_i)  # line 12: O_i <- ..., written to HBM
+                    sram.store("l", r, l_i)  # line 13: l_i <- l_new, to HBM
+                    sram.store("m", r, m_i)  # line 13: m_i <- m_new, to HBM
 
 
 def simulate_flash(
@@ -572,8 +573,8 @@ def hbm_table(measured, second_run=None, ns: tuple[int, ...] = (1024, 4096), sra
             raise ValueError(f"ns must hold lengths in the measured set, {lengths}; got {n}")
         shapes[n] = (rows[0]["B"], rows[0]["H"], rows[0]["d"])
 
-    def measured_gb(impl: str, n: int, pas: str) -> str:
-        rows = [r for r in measured.rows if r["impl"] == impl and r["N"] == n and r["pass"] == pas]
+    def measured_gb(impl: str, n: int, pass_name: str) -> str:
+        rows = [r for r in measured.rows if r["impl"] == impl and r["N"] == n and r["pass"] == pass_name]
         return f"{rows[0]['total_bytes'] / 1e9:.2f}" if rows else "—"
 
     def all_heads_gb(elements_per_head: int, n: int) -> str:  # fp16 bytes over batch x heads, in GB

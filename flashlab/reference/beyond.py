@@ -63,8 +63,7 @@ import math
 import numpy as np
 
 from .._validate import as_float_array, positive_int
-from .flash1 import _blocks
-from .common import _check_qkv, _scale, causal_mask
+from .common import _check_qkv, _scale, block_ranges, causal_mask
 from .naive import attention_flops
 from .softmax import OnlineSoftmaxState
 
@@ -244,8 +243,8 @@ def window_block_counts(n_q: int, n_k: int, block_q: int, block_k: int, window: 
     Br, Bc = positive_int("block_q", block_q), positive_int("block_k", block_k)
     lo, hi = _band(n_q, n_k, _check_window(window))
     counts = {"total": 0, "computed": 0, "skipped": 0, "diagonal": 0}
-    for r0, r1 in _blocks(n_q, Br):  # Tr row blocks
-        for c0, c1 in _blocks(n_k, Bc):  # Tc column blocks
+    for r0, r1 in block_ranges(n_q, Br):  # Tr row blocks
+        for c0, c1 in block_ranges(n_k, Bc):  # Tc column blocks
             first, last = c0 - (r1 - 1), (c1 - 1) - r0  # the tile's diagonals j - i
             counts["total"] += 1
             if last < lo or first > hi:

@@ -1,7 +1,9 @@
-"""What every reference algorithm shares: checks of its inputs, the scale, the causal mask.
+"""What every reference algorithm shares: checks of its inputs, the scale, the causal mask,
+and the cutting of a sequence into blocks.
 
 ``causal_mask(n_q, n_k)`` is bottom-right aligned, as in FlashAttention-2 and later:
-query i may see key j iff ``j <= i + (n_k - n_q)``.
+query i may see key j iff ``j <= i + (n_k - n_q)``. The tile helpers apply the same rule
+to one (Br, Bc) tile of rows [r0, r1) and columns [c0, c1), with ``offset = n_k - n_q``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ import numpy as np
 
 from .._validate import as_float_array, positive_float
 
-__all__ = ["causal_mask"]
+__all__ = ["LOG2E", "BlockRange", "block_ranges", "causal_mask", "causal_tile_mask", "tile_fully_masked"]
+
+LOG2E = 1.0 / math.log(2.0)  # log2(e) = 1 / ln 2: e^s = 2^(s * log2 e)
+
+BlockRange = tuple[int, int]  # (start, stop) of one block of rows or keys
 
 
 def _check_qkv(q, k, v, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -52,6 +58,13 @@ def _scale(scale: float | None, d: int) -> float:
     return 1.0 / math.sqrt(d) if scale is None else positive_float("scale", scale)
 
 
+def block_ranges(n: int, size: int) -> list[BlockRange]:
+    """[(start, stop), ...] covering range(n) in blocks of ``size``; the last may be shorter.
+
+    ``block_ranges(N, Br)`` are the Tr = ceil(N / Br) row blocks of the papers' loops."""
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
 def causal_mask(n_q: int, n_k: int) -> np.ndarray:
     """Boolean (n_q, n_k) mask, True where query i may attend to key j.
 
@@ -59,3 +72,18 @@ def causal_mask(n_q: int, n_k: int) -> np.ndarray:
     i = np.arange(n_q)[:, None]
     j = np.arange(n_k)[None, :]
     return j <= i + (n_k - n_q)
+
+
+def causal_tile_mask(rows: BlockRange, cols: BlockRange, offset: int) -> np.ndarray:
+    """The causal mask of one (Br, Bc) tile: True where query r may see key c, i.e. c <= r + offset.
+
+    Equal to ``causal_mask(n_q, n_k)[r0:r1, c0:c1]`` for offset = n_k - n_q."""
+    r = np.arange(*rows)[:, None]
+    c = np.arange(*cols)[None, :]
+    return c <= r + offset  # (Br, Bc)
+
+
+def tile_fully_masked(rows: BlockRange, cols: BlockRange, offset: int) -> bool:
+    """True if no query of the row block sees any key of the column block: even the last
+    query (rows[1] - 1) is before the first key (cols[0])."""
+    return cols[0] > rows[1] - 1 + offset

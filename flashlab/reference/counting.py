@@ -8,10 +8,11 @@ matmul FLOPs. v2 therefore removes non-matmul work wherever the algorithm allows
 This module counts that work. :class:`Counted` is a NumPy array that records every
 elementwise operation done on it; the inner-loop steps of v1 (FA1 Alg. 1, lines
 9-12, FlashAttention) and v2 (FA2 Alg. 1, lines 8-13, FlashAttention-2), and
-the recomputation of P in the two backward passes, are run on real numbers with
-:class:`Counted` inputs, tile by tile, over the same loops as the references. The
-counts are what the code did, not a formula; tests check them against closed forms
-and check that the counted code computes attention.
+the recomputation of P in the two backward passes (FA1 Alg. 4 line 13, FA2 Alg. 2
+line 11), are run on real numbers with :class:`Counted` inputs, tile by tile, over
+the same loops as the references. The counts are what the code did, not a formula;
+tests check them against closed forms and check that the counted code computes
+attention.
 
 Counting rules: an elementwise operation on n numbers counts n; a reduction over n
 numbers (rowmax, rowsum) counts n; subtraction counts as "add"; a matrix product
@@ -32,7 +33,7 @@ import numpy as np
 
 from .. import hardware
 from .._validate import positive_int
-from .flash1 import _blocks
+from .common import block_ranges
 
 __all__ = ["Counted", "counting", "count_nonmatmul", "OPS", "matmul_equivalent", "nonmatmul_cost_ratio"]
 
@@ -83,42 +84,82 @@ def _c(x: np.ndarray) -> Counted:
 def _v1_tile(Q_i, K_j, V_j, O_i, l_i, m_i, tau):
     """FA1 Alg. 1, lines 9-12 (FlashAttention v1), for one tile; O_i stays normalised."""
     S = tau * (Q_i @ K_j.T)  # line 9: S_ij = tau Q_i K_j^T
-    m_tilde = np.max(S, axis=-1)  # line 10: m~ = rowmax(S)
-    P_tilde = np.exp(S - m_tilde[:, None])  # line 10: P~ = exp(S - m~)
-    l_tilde = np.sum(P_tilde, axis=-1)  # line 10: l~ = rowsum(P~)
-    m_new = np.maximum(m_i, m_tilde)  # line 11
-    alpha, beta = np.exp(m_i - m_new), np.exp(m_tilde - m_new)  # line 11: the two rescale factors
-    l_new = alpha * l_i + beta * l_tilde  # line 11
-    O_i = ((l_i * alpha)[:, None] * O_i + beta[:, None] * (P_tilde @ V_j)) / l_new[:, None]  # line 12
+    m_tilde = np.max(S, axis=-1)  # line 10: m~_ij = rowmax(S_ij)
+    P_tilde = np.exp(S - m_tilde[:, None])  # line 10: P~_ij = exp(S_ij - m~_ij)
+    l_tilde = np.sum(P_tilde, axis=-1)  # line 10: l~_ij = rowsum(P~_ij)
+    m_new = np.maximum(m_i, m_tilde)  # line 11: m_new = max(m_i, m~_ij)
+    alpha, beta = np.exp(m_i - m_new), np.exp(m_tilde - m_new)  # e^(m_i - m_new), e^(m~_ij - m_new)
+    l_new = alpha * l_i + beta * l_tilde  # line 11: l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+    O_i = ((l_i * alpha)[:, None] * O_i + beta[:, None] * (P_tilde @ V_j)) / l_new[:, None]  # line 12: O_i <- ...
     return O_i, l_new, m_new
 
 
 def _v2_tile(Q_i, K_j, V_j, o_tilde, l, m, tau):
     """FA2 Alg. 1, lines 8-10 (FlashAttention-2), for one tile; o_tilde is not normalised."""
-    S = tau * (Q_i @ K_j.T)  # line 8: S = tau Q_i K_j^T
-    m_new = np.maximum(m, np.max(S, axis=-1))  # line 9: m_new = max(m, rowmax(S))
-    P_tilde = np.exp(S - m_new[:, None])  # line 9: P~ = exp(S - m_new)
-    alpha = np.exp(m - m_new)  # line 9: e^(m - m_new)
-    l = alpha * l + np.sum(P_tilde, axis=-1)  # line 9
-    o_tilde = alpha[:, None] * o_tilde + P_tilde @ V_j  # line 10: no division
+    S = tau * (Q_i @ K_j.T)  # line 8: S_ij = tau Q_i K_j^T
+    m_new = np.maximum(m, np.max(S, axis=-1))  # line 9: m_new = max(m, rowmax(S_ij))
+    P_tilde = np.exp(S - m_new[:, None])  # line 9: P~_ij = exp(S_ij - m_new)
+    alpha = np.exp(m - m_new)  # e^(m - m_new), the one rescale factor
+    l = alpha * l + np.sum(P_tilde, axis=-1)  # line 9: l = e^(m - m_new) l + rowsum(P~_ij)
+    o_tilde = alpha[:, None] * o_tilde + P_tilde @ V_j  # line 10: o_tilde = ... + P~_ij V_j, no division
     return o_tilde, l, m_new
 
 
 def _v2_finish(o_tilde, l, m):
     """FA2 Alg. 1, lines 12-13, once per query block."""
-    return o_tilde / l[:, None], m + np.log(l)  # O_i = diag(l)^-1 o_tilde;  L_i = m + log l
+    return o_tilde / l[:, None], m + np.log(l)  # line 12: O_i = diag(l)^-1 o_tilde;  line 13: L_i = m + log l
 
 
 def _v1_backward_P(Q_i, K_j, m_i, l_inv_i, tau):
     """FA1 Alg. 4, line 13: P = diag(l)^-1 exp(S - m), from two statistics."""
-    S = tau * (Q_i @ K_j.T)
-    return l_inv_i[:, None] * np.exp(S - m_i[:, None])
+    S = tau * (Q_i @ K_j.T)  # line 11: S_ij = tau Q_i K_j^T
+    return l_inv_i[:, None] * np.exp(S - m_i[:, None])  # line 13: P_ij = diag(l_i)^-1 exp(S_ij - m_i)
 
 
 def _v2_backward_P(Q_i, K_j, L_i, tau):
-    """FA2 Alg. 2, line 12: P = exp(S - L), from one statistic."""
-    S = tau * (Q_i @ K_j.T)
-    return np.exp(S - L_i[:, None])
+    """FA2 Alg. 2, line 11: P = exp(S - L), from one statistic."""
+    S = tau * (Q_i @ K_j.T)  # line 10: S_ij = tau Q_i K_j^T
+    return np.exp(S - L_i[:, None])  # line 11: P_ij = exp(S_ij - L_i)
+
+
+def _forward(version: int, q: Counted, k: Counted, v: Counted, Br: int, Bc: int, tau: float) -> Counted:
+    """The forward loops of v1 or v2 over (N, d) counted arrays; returns O (N, d)."""
+    N, d = q.shape
+    rows, cols = block_ranges(N, Br), block_ranges(N, Bc)
+    if version == 1:
+        o, l, m = _c(np.zeros((N, d))), _c(np.zeros(N)), _c(np.full(N, -np.inf))  # FA1 Alg. 1 line 2: O = 0 in HBM
+        for c0, c1 in cols:  # v1: K/V blocks outside ...
+            for r0, r1 in rows:  # ... Q blocks inside: O_i, l_i, m_i read and written every step
+                o[r0:r1], l[r0:r1], m[r0:r1] = _v1_tile(
+                    q[r0:r1], k[c0:c1], v[c0:c1], o[r0:r1], l[r0:r1], m[r0:r1], tau)
+        return o
+    o = _c(np.zeros((N, d)))
+    for r0, r1 in rows:  # v2: Q blocks outside ...
+        o_tilde, l, m = _c(np.zeros((r1 - r0, d))), _c(np.zeros(r1 - r0)), _c(np.full(r1 - r0, -np.inf))
+        for c0, c1 in cols:  # ... K/V blocks inside: the state stays on chip
+            o_tilde, l, m = _v2_tile(q[r0:r1], k[c0:c1], v[c0:c1], o_tilde, l, m, tau)
+        o[r0:r1] = _v2_finish(o_tilde, l, m)[0]
+    return o
+
+
+def _backward_P(version: int, q: Counted, k: Counted, Br: int, Bc: int, tau: float) -> np.ndarray:
+    """P (N, N) rebuilt tile by tile as v1's or v2's backward does, from the statistics of
+    the forward pass (computed here uncounted: v1 keeps m and l, v2 keeps L = m + log l)."""
+    N = q.shape[0]
+    S = (np.asarray(q) @ np.asarray(k).T) * tau  # (N, N), the forward's scores
+    m_plain = S.max(axis=-1)
+    l_plain = np.exp(S - m_plain[:, None]).sum(axis=-1)
+    m, l, L = _c(m_plain), _c(l_plain), _c(m_plain + np.log(l_plain))
+    if version == 1:
+        l_inv = 1.0 / l  # diag(l)^-1, once per row
+    P = np.zeros((N, N))
+    for c0, c1 in block_ranges(N, Bc):  # both backwards: K/V blocks outside, Q blocks inside
+        for r0, r1 in block_ranges(N, Br):
+            if version == 1:
+                P[r0:r1, c0:c1] = _v1_backward_P(q[r0:r1], k[c0:c1], m[r0:r1], l_inv[r0:r1], tau)
+            else:
+                P[r0:r1, c0:c1] = _v2_backward_P(q[r0:r1], k[c0:c1], L[r0:r1], tau)
+    return P
 
 
 def count_nonmatmul(
@@ -149,38 +190,15 @@ def count_nonmatmul(
     rng = np.random.default_rng(seed)
     q, k, v = (_c(rng.normal(size=(N, d))) for _ in range(3))
     tau = 1.0 / np.sqrt(d)
-    rows, cols = _blocks(N, Br), _blocks(N, Bc)
-    if backward:  # the statistics come from the forward pass: computed here uncounted
-        S = (np.asarray(q) @ np.asarray(k).T) * tau  # (N, N)
-        m_plain = S.max(axis=-1)
-        l_plain = np.exp(S - m_plain[:, None]).sum(axis=-1)
-        m, l, L = _c(m_plain), _c(l_plain), _c(m_plain + np.log(l_plain))  # v1 keeps m, l; v2 keeps L
     with counting() as tally:
         if backward:
-            if version == 1:
-                l_inv = 1.0 / l  # diag(l)^-1, once per row
-            for c0, c1 in cols:  # both backwards: K/V blocks outside, Q blocks inside
-                for r0, r1 in rows:
-                    if version == 1:
-                        _v1_backward_P(q[r0:r1], k[c0:c1], m[r0:r1], l_inv[r0:r1], tau)
-                    else:
-                        _v2_backward_P(q[r0:r1], k[c0:c1], L[r0:r1], tau)
-        elif version == 1:
-            o, l, m = _c(np.zeros((N, d))), _c(np.zeros(N)), _c(np.full(N, -np.inf))  # Alg. 1 line 2, in HBM
-            for c0, c1 in cols:  # v1: K/V blocks outside ...
-                for r0, r1 in rows:  # ... Q blocks inside: O_i, l_i, m_i read and written every step
-                    o[r0:r1], l[r0:r1], m[r0:r1] = _v1_tile(
-                        q[r0:r1], k[c0:c1], v[c0:c1], o[r0:r1], l[r0:r1], m[r0:r1], tau)
+            _backward_P(version, q, k, Br, Bc, tau)
         else:
-            for r0, r1 in rows:  # v2: Q blocks outside ...
-                o_tilde, l, m = _c(np.zeros((r1 - r0, d))), _c(np.zeros(r1 - r0)), _c(np.full(r1 - r0, -np.inf))
-                for c0, c1 in cols:  # ... K/V blocks inside: the state stays on chip
-                    o_tilde, l, m = _v2_tile(q[r0:r1], k[c0:c1], v[c0:c1], o_tilde, l, m, tau)
-                _v2_finish(o_tilde, l, m)
+            _forward(version, q, k, v, Br, Bc, tau)
         counts = {op: int(tally[op]) for op in OPS}
         counts["matmul_flops"] = int(tally["matmul_flops"])
     counts["nonmatmul"] = sum(counts[op] for op in OPS)
-    counts["tiles"] = len(rows) * len(cols)
+    counts["tiles"] = len(block_ranges(N, Br)) * len(block_ranges(N, Bc))
     counts["stats_per_row"] = 2 if version == 1 else 1
     return counts
 

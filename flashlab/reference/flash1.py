@@ -53,7 +53,7 @@ import math
 import numpy as np
 
 from .._validate import positive_int
-from .common import _check_output_like, _check_qkv, _scale
+from .common import _check_output_like, _check_qkv, _scale, block_ranges, causal_tile_mask, tile_fully_masked
 
 __all__ = ["block_sizes", "flash1_step", "flash1_forward", "flash1_backward", "flash1_block_counts", "flash1_flops"]
 
@@ -86,33 +86,6 @@ def block_sizes(sram_size: int, d: int) -> tuple[int, int]:
     return Br, Bc
 
 
-def _blocks(n: int, size: int) -> list[tuple[int, int]]:
-    """[(start, stop), ...] covering range(n) in blocks of ``size``; the last may be shorter."""
-    return [(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def _block_mask(rows: tuple[int, int], cols: tuple[int, int], offset: int) -> np.ndarray:
-    """Causal mask of one (Br, Bc) tile: True where query r may see key c, i.e. c <= r + offset."""
-    r = np.arange(*rows)[:, None]
-    c = np.arange(*cols)[None, :]
-    return c <= r + offset  # (Br, Bc)
-
-
-def _fully_masked(rows: tuple[int, int], cols: tuple[int, int], offset: int) -> bool:
-    """True if no query of the row block sees any key of the column block: even the last
-    query (rows[1] - 1) is before the first key (cols[0])."""
-    return cols[0] > rows[1] - 1 + offset
-
-
-def _plan(q: np.ndarray, k: np.ndarray, sram_size: int):
-    """Block sizes, row/column blocks and causal offset shared by forward and backward."""
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    Br, Bc = block_sizes(sram_size, d)  # Alg. 1 line 1
-    row_blocks = _blocks(n_q, Br)  # Tr = ceil(N_q / Br) blocks  (Alg. 1 line 3)
-    col_blocks = _blocks(n_k, Bc)  # Tc = ceil(N_k / Bc) blocks
-    return row_blocks, col_blocks, n_k - n_q
-
-
 def flash1_block_counts(n_q: int, n_k: int, d: int, sram_size: int, causal: bool = False) -> tuple[int, int]:
     """How many (i, j) tiles Algorithm 1 computes and how many it skips as fully masked.
 
@@ -123,8 +96,8 @@ def flash1_block_counts(n_q: int, n_k: int, d: int, sram_size: int, causal: bool
     n_q, n_k = positive_int("n_q", n_q), positive_int("n_k", n_k)
     Br, Bc = block_sizes(sram_size, d)
     offset = n_k - n_q
-    tiles = [(r, c) for c in _blocks(n_k, Bc) for r in _blocks(n_q, Br)]
-    skipped = sum(causal and _fully_masked(r, c, offset) for r, c in tiles)
+    tiles = [(r, c) for c in block_ranges(n_k, Bc) for r in block_ranges(n_q, Br)]
+    skipped = sum(causal and tile_fully_masked(r, c, offset) for r, c in tiles)
     return len(tiles) - skipped, skipped
 
 
@@ -162,9 +135,9 @@ def flash1_step(
     m_new_ref = np.where(np.isneginf(m_new), 0.0, m_new)  # no key seen yet: keep factors at 0
     alpha = np.exp(m_i - m_new_ref)  # e^(m_i - m_new), rescales the old state
     beta = np.exp(m_tilde - m_new_ref)  # e^(m~_ij - m_new), rescales this tile
-    l_new = alpha * l_i + beta * l_tilde  # line 11
-    numerator = (l_i * alpha)[..., None] * O_i + beta[..., None] * (P_tilde @ V_j)  # line 12  (..., Br, d_v)
-    O_new = np.divide(  # line 12: O_i <- diag(l_new)^-1 (...)
+    l_new = alpha * l_i + beta * l_tilde  # line 11: l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+    numerator = (l_i * alpha)[..., None] * O_i + beta[..., None] * (P_tilde @ V_j)  # (..., Br, d_v)
+    O_new = np.divide(  # line 12: O_i <- diag(l_new)^-1 (numerator)
         numerator, l_new[..., None], out=np.zeros_like(numerator), where=l_new[..., None] > 0
     )
     return O_new, l_new, m_new  # line 13: l_i <- l_new, m_i <- m_new
@@ -193,22 +166,25 @@ def flash1_forward(
     """
     q, k, v = _check_qkv(q, k, v, np.float64)
     tau = _scale(scale, q.shape[-1])
-    row_blocks, col_blocks, offset = _plan(q, k, sram_size)
-    lead = q.shape[:-2]
-    o = np.zeros(lead + (q.shape[-2], v.shape[-1]))  # Alg. 1 line 2: O = 0 in HBM   (..., N_q, d_v)
-    l = np.zeros(lead + (q.shape[-2],))  # Alg. 1 line 2: l = 0                      (..., N_q)
-    m = np.full(lead + (q.shape[-2],), -np.inf)  # Alg. 1 line 2: m = -inf           (..., N_q)
+    n_q, n_k, lead = q.shape[-2], k.shape[-2], q.shape[:-2]
+    Br, Bc = block_sizes(sram_size, q.shape[-1])  # line 1: Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d)
+    row_blocks = block_ranges(n_q, Br)  # lines 3-4: Tr = ceil(N_q / Br) blocks of Q, O, l, m
+    col_blocks = block_ranges(n_k, Bc)  # lines 3-4: Tc = ceil(N_k / Bc) blocks of K, V
+    offset = n_k - n_q  # causal: query i sees key j iff j <= i + offset
+    o = np.zeros(lead + (n_q, v.shape[-1]))  # line 2: O = 0 in HBM   (..., N_q, d_v)
+    l = np.zeros(lead + (n_q,))  # line 2: l = 0                      (..., N_q)
+    m = np.full(lead + (n_q,), -np.inf)  # line 2: m = -inf           (..., N_q)
 
-    for cols in col_blocks:  # Alg. 1 line 5: for j = 1..Tc
-        K_j, V_j = k[..., slice(*cols), :], v[..., slice(*cols), :]  # line 6: (..., Bc, d), (..., Bc, d_v)
-        for rows in row_blocks:  # Alg. 1 line 7: for i = 1..Tr
-            if causal and _fully_masked(rows, cols, offset):
+    for cols in col_blocks:  # line 5: for j = 1..Tc
+        K_j, V_j = k[..., slice(*cols), :], v[..., slice(*cols), :]  # line 6: load K_j, V_j  (..., Bc, d), (..., Bc, d_v)
+        for rows in row_blocks:  # line 7: for i = 1..Tr
+            if causal and tile_fully_masked(rows, cols, offset):
                 continue  # no query of Q_i sees any key of K_j: the tile adds nothing
             r = slice(*rows)
-            Q_i, O_i, l_i, m_i = q[..., r, :], o[..., r, :], l[..., r], m[..., r]  # line 8
+            Q_i, O_i, l_i, m_i = q[..., r, :], o[..., r, :], l[..., r], m[..., r]  # line 8: load Q_i, O_i, l_i, m_i
             S_ij = tau * (Q_i @ np.swapaxes(K_j, -1, -2))  # line 9: S_ij = tau Q_i K_j^T  (..., Br, Bc)
             if causal:
-                S_ij = np.where(_block_mask(rows, cols, offset), S_ij, -np.inf)  # Alg. 2: mask(S_ij)
+                S_ij = np.where(causal_tile_mask(rows, cols, offset), S_ij, -np.inf)  # mask(S_ij), as in Algorithm 2
             o[..., r, :], l[..., r], m[..., r] = flash1_step(O_i, l_i, m_i, S_ij, V_j)  # lines 10-13, to HBM
     return o, m, l
 
@@ -218,17 +194,27 @@ def flash1_backward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of attention by Algorithm 4 of FlashAttention (Appendix B.4), recomputing P.
 
-    The chain rule (derived in chapter 3), applied tile by tile:
+    The chain rule (derived in chapter 3), applied tile by tile. Algorithm 4 as the paper
+    writes it, without dropout (its lines 1, 14, 15 and 18):
 
-        P_ij  = diag(l_i)^-1 exp(S_ij - m_i)       recomputed from S_ij = tau Q_i K_j^T
-        dV_j += P_ij^T dO_i
-        dP_ij = dO_i V_j^T
-        D_i   = rowsum(dO_i * O_i)                 (= rowsum(P_i * dP_i), whole row)
-        dS_ij = P_ij * (dP_ij - D_i)
-        dQ_i += tau dS_ij K_j                      read-modify-write in HBM
-        dK_j += tau dS_ij^T Q_i
-
-    Dropout (lines 1, 14, 15, 18 of Algorithm 4) is left out.
+        2   Bc = ceil(M / 4d),  Br = min(ceil(M / 4d), d)
+        3-4 split Q, O, dO, l, m into Tr row blocks; K, V into Tc blocks
+        5   dQ = 0, dK = 0, dV = 0                                       in HBM
+        6   for j = 1..Tc:                                   outer loop: K/V blocks
+        7       load K_j, V_j
+        8       dK~_j = 0, dV~_j = 0                                     on chip
+        9       for i = 1..Tr:                               inner loop: Q blocks
+        10          load Q_i, O_i, dO_i, dQ_i, l_i, m_i
+        11          S_ij = tau Q_i K_j^T                                       (Br, Bc)
+        12          S^masked_ij = MASK(S_ij)
+        13          P_ij = diag(l_i)^-1 exp(S^masked_ij - m_i)                 recomputed
+        16          dV~_j += P_ij^T dO_i
+        17          dP_ij = dO_i V_j^T
+        19          D_i = rowsum(dO_i * O_i)                     (= rowsum(P_i * dP_i), whole row)
+        20          dS_ij = P_ij * (dP_ij - D_i)
+        21          dQ_i <- dQ_i + tau dS_ij K_j                 read-modify-write in HBM
+        22          dK~_j += tau dS_ij^T Q_i
+        24      write dK_j <- dK~_j, dV_j <- dV~_j to HBM
 
     Parameters
     ----------
@@ -249,35 +235,39 @@ def flash1_backward(
         if arr.shape != q.shape[:-1]:
             raise ValueError(f"{name} must have shape {q.shape[:-1]} (one number per query row); got {arr.shape}")
     tau = _scale(scale, q.shape[-1])
-    row_blocks, col_blocks, offset = _plan(q, k, sram_size)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    Br, Bc = block_sizes(sram_size, q.shape[-1])  # line 2: Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d)
+    row_blocks = block_ranges(n_q, Br)  # lines 3-4: Tr blocks of Q, O, dO, l, m
+    col_blocks = block_ranges(n_k, Bc)  # lines 3-4: Tc blocks of K, V
+    offset = n_k - n_q  # causal: query i sees key j iff j <= i + offset
     m_ref = np.where(np.isneginf(m), 0.0, m)  # rows that saw no key: exp(-inf - 0) = 0
     l_inv = np.divide(1.0, l, out=np.zeros_like(l), where=l > 0)  # diag(l)^-1; 0 for such rows
 
-    dq = np.zeros_like(q)  # Alg. 4 line 5: dQ = 0 in HBM   (..., N_q, d)
-    dk = np.zeros_like(k)  # Alg. 4 line 5: dK = 0           (..., N_k, d)
-    dv = np.zeros_like(v)  # Alg. 4 line 5: dV = 0           (..., N_k, d_v)
-    for cols in col_blocks:  # Alg. 4 line 6: for j = 1..Tc
+    dq = np.zeros_like(q)  # line 5: dQ = 0 in HBM   (..., N_q, d)
+    dk = np.zeros_like(k)  # line 5: dK = 0           (..., N_k, d)
+    dv = np.zeros_like(v)  # line 5: dV = 0           (..., N_k, d_v)
+    for cols in col_blocks:  # line 6: for j = 1..Tc
         c = slice(*cols)
         K_j, V_j = k[..., c, :], v[..., c, :]  # line 7: load K_j, V_j
         dK_j = np.zeros_like(K_j)  # line 8: dK~_j = 0 on chip  (..., Bc, d)
         dV_j = np.zeros_like(V_j)  # line 8: dV~_j = 0 on chip  (..., Bc, d_v)
         for rows in row_blocks:  # line 9: for i = 1..Tr
-            if causal and _fully_masked(rows, cols, offset):
+            if causal and tile_fully_masked(rows, cols, offset):
                 continue  # P_ij = 0: the tile contributes to no gradient
             r = slice(*rows)
-            Q_i, O_i, dO_i = q[..., r, :], o[..., r, :], do[..., r, :]  # line 10: load ...
-            m_i, l_inv_i = m_ref[..., r], l_inv[..., r]  # line 10: ... l_i, m_i
+            Q_i, O_i, dO_i = q[..., r, :], o[..., r, :], do[..., r, :]  # line 10: load Q_i, O_i, dO_i ...
+            m_i, l_inv_i = m_ref[..., r], l_inv[..., r]  # line 10: load ... l_i, m_i
             S_ij = tau * (Q_i @ np.swapaxes(K_j, -1, -2))  # line 11: S_ij = tau Q_i K_j^T  (..., Br, Bc)
             if causal:
-                S_ij = np.where(_block_mask(rows, cols, offset), S_ij, -np.inf)  # line 12: mask(S_ij)
-            P_ij = l_inv_i[..., None] * np.exp(S_ij - m_i[..., None])  # line 13: diag(l_i)^-1 exp(S_ij - m_i)
+                S_ij = np.where(causal_tile_mask(rows, cols, offset), S_ij, -np.inf)  # line 12: S^masked_ij = MASK(S_ij)
+            P_ij = l_inv_i[..., None] * np.exp(S_ij - m_i[..., None])  # line 13: P_ij = diag(l_i)^-1 exp(S^masked_ij - m_i)
             dV_j += np.swapaxes(P_ij, -1, -2) @ dO_i  # line 16: dV~_j += P_ij^T dO_i  (..., Bc, d_v)
             dP_ij = dO_i @ np.swapaxes(V_j, -1, -2)  # line 17: dP_ij = dO_i V_j^T  (..., Br, Bc)
             D_i = np.sum(dO_i * O_i, axis=-1)  # line 19: D_i = rowsum(dO_i * O_i)  (..., Br)
             dS_ij = P_ij * (dP_ij - D_i[..., None])  # line 20: dS_ij = P_ij * (dP_ij - D_i)
             dq[..., r, :] += tau * (dS_ij @ K_j)  # line 21: dQ_i <- dQ_i + tau dS_ij K_j, to HBM
             dK_j += tau * (np.swapaxes(dS_ij, -1, -2) @ Q_i)  # line 22: dK~_j += tau dS_ij^T Q_i
-        dk[..., c, :], dv[..., c, :] = dK_j, dV_j  # line 24: write dK_j, dV_j to HBM
+        dk[..., c, :], dv[..., c, :] = dK_j, dV_j  # line 24: write dK_j <- dK~_j, dV_j <- dV~_j to HBM
     return dq, dk, dv
 
 
@@ -307,9 +297,9 @@ def flash1_flops(
     Br, Bc = block_sizes(sram_size, d)
     offset = n_k - n_q
     computed = 0  # score entries in computed tiles
-    for cols in _blocks(n_k, Bc):
-        for rows in _blocks(n_q, Br):
-            if not (causal and _fully_masked(rows, cols, offset)):
+    for cols in block_ranges(n_k, Bc):
+        for rows in block_ranges(n_q, Br):
+            if not (causal and tile_fully_masked(rows, cols, offset)):
                 computed += (rows[1] - rows[0]) * (cols[1] - cols[0])  # Br x Bc (smaller at ragged edges)
     product = 2.0 * d * batch  # FLOPs per score entry of one (.. x d) @ (d x ..) product
     return {

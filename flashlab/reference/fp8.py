@@ -91,7 +91,7 @@ def round_to_fp8(x: np.ndarray, fmt: str = "e4m3") -> np.ndarray:
     return np.copysign(np.minimum(r, f.max), x)            # saturate, keep the sign (and -0)
 
 
-def _blocks(x: np.ndarray, block: int) -> np.ndarray:
+def _padded_row_blocks(x: np.ndarray, block: int) -> np.ndarray:
     """Pad rows (axis -2) to a multiple of ``block`` and expose them: (..., n_blocks, block, d)."""
     n, d = x.shape[-2:]
     pad = -n % block
@@ -121,7 +121,7 @@ def quantize(x: np.ndarray, fmt: str = "e4m3", block: int | None = None) -> tupl
         scale = np.asarray(amax / f.max if amax > 0 else 1.0)
         return round_to_fp8(x / scale, fmt).astype(np.float32), scale
     block = positive_int("block", block)
-    amax = np.abs(_blocks(x, block)).max(axis=(-2, -1))[..., None]          # (..., nb, 1)
+    amax = np.abs(_padded_row_blocks(x, block)).max(axis=(-2, -1))[..., None]          # (..., nb, 1)
     scale = np.where(amax > 0, amax / f.max, 1.0)
     return round_to_fp8(x / _expand(scale, block, x.shape[-2]), fmt).astype(np.float32), scale
 

@@ -108,15 +108,15 @@ def attention_backward(
     """
     q, k, v = _check_qkv(q, k, v, dtype)
     (do,) = _check_output_like(q, v, dtype, do=do)
-    sc = _scale(scale, q.shape[-1])
-    p = softmax(scores(q, k, causal, sc, dtype), axis=-1)  # (..., N_q, N_k)
+    tau = _scale(scale, q.shape[-1])
+    p = softmax(scores(q, k, causal, tau, dtype), axis=-1)  # (..., N_q, N_k)
     o = p @ v  # (..., N_q, d_v)
     dv = np.swapaxes(p, -1, -2) @ do  # (..., N_k, d_v)
     dp = do @ np.swapaxes(v, -1, -2)  # (..., N_q, N_k)
     D = np.sum(do * o, axis=-1, keepdims=True)  # (..., N_q, 1)
     ds = p * (dp - D)  # (..., N_q, N_k)
-    dq = (ds @ k) * sc  # (..., N_q, d)
-    dk = (np.swapaxes(ds, -1, -2) @ q) * sc  # (..., N_k, d)
+    dq = (ds @ k) * tau  # (..., N_q, d)
+    dk = (np.swapaxes(ds, -1, -2) @ q) * tau  # (..., N_k, d)
     return dq, dk, dv
 
 

@@ -36,12 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._validate import as_float_array, positive_int
-from .common import _check_qkv, _scale, causal_mask
+from .common import LOG2E, _check_qkv, _scale, causal_mask
 
 __all__ = ["attention", "conditional_attention", "ConditionalResult", "RowTrace", "trace_row",
-           "rescales", "running_max_changes", "staircase_row", "LOG2_E"]
+           "rescales", "running_max_changes", "staircase_row", "LOG2E"]
 
-LOG2_E = 1.0 / math.log(2.0)  # log2(e): e^s = 2^(s * log2 e)
 
 
 def _threshold(threshold: object) -> float:
@@ -87,13 +86,13 @@ def trace_row(row, threshold: float = 8.0, block_size: int = 1) -> RowTrace:
     running_max = np.maximum.accumulate(block_max)  # (T,)
     m_ref = np.empty_like(block_max)
     rescaled = np.zeros(block_max.shape, dtype=bool)
-    m = -np.inf
-    for j, mb in enumerate(block_max):
-        if m == -np.inf:
-            m = mb  # first finite block sets m_ref: nothing to rescale
-        elif mb - m > theta:
-            m, rescaled[j] = mb, True  # the rule of §5.4
-        m_ref[j] = m
+    reference = -np.inf  # m_ref while the blocks are read
+    for j, m_blk in enumerate(block_max):
+        if reference == -np.inf:
+            reference = m_blk  # first finite block sets m_ref: nothing to rescale
+        elif m_blk - reference > theta:
+            reference, rescaled[j] = m_blk, True  # the block max exceeds m_ref by more than theta
+        m_ref[j] = reference
     return RowTrace(block_max, running_max, m_ref, rescaled)
 
 
@@ -155,7 +154,7 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
     q, k, v = _check_qkv(q, k, v, dtype)
     theta, Bc = _threshold(threshold), positive_int("block_size", block_size)
     N_q, N_k = q.shape[-2], k.shape[-2]
-    s2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2_E)  # (..., N_q, N_k) log2 units
+    s2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2E)  # (..., N_q, N_k) log2 units
     if causal:
         s2 = np.where(causal_mask(N_q, N_k), s2, -np.inf)
     rows = s2.shape[:-1]  # (..., N_q)
@@ -201,5 +200,5 @@ def attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: boo
     o : (..., N_q, d_v), equal to softmax(q k^T scale) v
     number_of_rescales : int array (..., N_q), rescales per query row (sum it for a total)
     """
-    res = conditional_attention(q, k, v, threshold, block_size, causal, scale)
-    return res.o, res.rescales
+    result = conditional_attention(q, k, v, threshold, block_size, causal, scale)
+    return result.o, result.rescales

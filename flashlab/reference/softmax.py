@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._validate import as_float_array, positive_int
-from .common import _check_qkv, _scale, causal_mask
+from .common import _check_qkv, _scale, block_ranges, causal_mask
 
 __all__ = ["softmax", "naive_softmax", "online_softmax", "OnlineSoftmaxState", "online_attention"]
 
@@ -176,12 +176,6 @@ class OnlineSoftmaxState:
             return np.where(self.l > 0, self.m + np.log(self.l), -np.inf)
 
 
-def _blocks(n: int, block_size: int):
-    """Start/stop pairs that cover range(n) in blocks; the last may be shorter."""
-    for start in range(0, n, block_size):
-        yield start, min(start + block_size, n)
-
-
 def online_softmax(x, block_size: int) -> np.ndarray:
     """Softmax over the last axis, reading each row ``block_size`` entries at a time.
 
@@ -198,7 +192,7 @@ def online_softmax(x, block_size: int) -> np.ndarray:
     block_size = positive_int("block_size", block_size)
     x = as_float_array("x", x, np.float64, min_ndim=1, allow_neg_inf=True)
     state = OnlineSoftmaxState.empty(x.shape[:-1])
-    for start, stop in _blocks(x.shape[-1], block_size):
+    for start, stop in block_ranges(x.shape[-1], block_size):
         state = state.update(x[..., start:stop])  # pass 1: (1)-(2)
     m = np.where(np.isneginf(state.m), 0.0, state.m)[..., None]  # (..., 1)
     l = state.l[..., None]  # (..., 1)
@@ -216,10 +210,10 @@ def online_attention(q, k, v, block_size: int, causal: bool = False, scale: floa
     block_size = positive_int("block_size", block_size)
     q, k, v = _check_qkv(q, k, v, np.float64)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    sc = _scale(scale, q.shape[-1])
+    tau = _scale(scale, q.shape[-1])
     state = OnlineSoftmaxState.empty(q.shape[:-1], v.shape[-1])
-    for start, stop in _blocks(n_k, block_size):
-        s = (q @ np.swapaxes(k[..., start:stop, :], -1, -2)) * sc  # (..., N_q, B)
+    for start, stop in block_ranges(n_k, block_size):
+        s = (q @ np.swapaxes(k[..., start:stop, :], -1, -2)) * tau  # (..., N_q, B)
         if causal:
             s = np.where(causal_mask(n_q, n_k)[:, start:stop], s, -np.inf)
         state = state.update(s, v[..., start:stop, :])
