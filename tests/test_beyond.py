@@ -3,8 +3,9 @@ split-KV decoding and the paged KV cache, each against a plain definition.
 
 Tolerance: float64 throughout; the variants reorder a few sums and exps (split-KV
 combines partial softmaxes, the paged walk folds page by page), which moves results
-by a few 1e-16 relative. 1e-12 (DESIGN.md's fp64 row) leaves three orders of
-magnitude and still catches any algorithmic slip (a missing weight is off by O(1)).
+by a few 1e-16 relative. 1e-12, the float64 tolerance of every reference test, leaves
+three orders of magnitude and still catches any algorithmic slip (a missing weight is
+off by O(1)).
 Block counts, byte counts and split counts are integers and compared exactly.
 """
 

@@ -3,7 +3,7 @@
 Numbers checked against the seed book (§5.2, §5.3, §5.4, §5.6) are exact where the
 model is exact (cycle counts are ratios of integers) and to the quoted digits where
 they are measured errors. Conditional-rescaling attention runs in float64 and is
-compared with the reference at 1e-12 (DESIGN.md's fp64 tolerance): the algorithm is
+compared with the reference at 1e-12, the float64 tolerance of every reference test: the algorithm is
 exact, so only a few ulps of rounding separate the two.
 """
 

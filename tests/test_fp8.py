@@ -2,8 +2,8 @@
 
 Rounding is checked bit for bit against ml_dtypes (float8_e4m3fn, float8_e5m2) on float32
 inputs within range; beyond the largest finite value we saturate on purpose (ml_dtypes
-returns NaN or inf). Rotation identities are float64 sums of d terms: 1e-12 (DESIGN.md,
-fp64 row). FP8 attention is judged by RMSE against the per-tensor baseline, never allclose.
+returns NaN or inf). Rotation identities are float64 sums of d terms: 1e-12, the float64
+tolerance of every reference test. FP8 attention is judged by RMSE against the per-tensor baseline, never allclose.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Property tests for the NumPy references against straightforward definitions.
 
 Tolerance: everything here runs in float64, where a handful of sums and exps
-carry a relative error of a few 1e-16; 1e-12 (the fp64 row of DESIGN.md's
-tolerance policy) leaves three orders of magnitude of room and still catches any
+carry a relative error of a few 1e-16; 1e-12, the float64 tolerance of every
+reference test, leaves three orders of magnitude of room and still catches any
 algorithmic mistake (a missing rescale is off by O(1)).
 """
 

@@ -5,7 +5,7 @@ GPU, DEVICE      a CUDA GPU is present, and the device the tests put their tenso
 SIZE             sequence lengths scale by this: 1 under the interpreter (16 x 16 tiles),
                  8 on a GPU (tiles of 64-128)
 runs_somewhere   skip only where neither a GPU nor the interpreter is available
-needs_gpu        skip without a CUDA GPU (CI has none; run on the H200)
+needs_gpu        skip without a CUDA GPU (CI has none)
 """
 
 import pytest
@@ -16,5 +16,5 @@ from flashlab.kernels import INTERPRET
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 SIZE = 1 if INTERPRET else 8
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none; run on the lent H200)")
+needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI has none)")
 runs_somewhere = pytest.mark.skipif(not GPU and not INTERPRET, reason="needs a GPU or TRITON_INTERPRET=1")

@@ -1,4 +1,4 @@
-"""Discrete-event models of GPU units (DESIGN.md layer 3: imports only hardware and reference).
+"""Discrete-event models of GPU units; they import only :mod:`flashlab.hardware` and :mod:`flashlab.reference`.
 
 - :mod:`.events`    — one SM's load engine (TMA), tensor core and exp unit (MUFU) as
   resources; task graphs for FA2/FA3 schedules (serial, producer-consumer ring buffer,
