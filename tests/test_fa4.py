@@ -9,6 +9,7 @@ exact, so only a few ulps of rounding separate the two.
 
 from __future__ import annotations
 
+import math
 import matplotlib
 
 matplotlib.use("Agg")
@@ -17,7 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from flashlab import cycles
@@ -159,6 +160,65 @@ def test_rescale_counts_on_random_rows():
     for r in rows[:5]:
         assert rescale.rescales(r, 0.0, 16) == rescale.running_max_changes(r, 16)
         assert rescale.rescales(r, np.inf, 16) == 0
+
+
+@st.composite
+def log2_rows(draw):
+    """(row, block_size): a 1-D row of scores in log2 units, a random walk (so the running max
+    rises now and then), some entries masked with -inf; blocks of 1..9 entries."""
+    n = draw(st.integers(1, 60))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    row = np.cumsum(rng.normal(draw(st.sampled_from([0.0, 0.5, 2.0])), 1.5, size=n))
+    row[rng.random(n) < draw(st.sampled_from([0.0, 0.3]))] = -np.inf
+    return row, draw(st.integers(1, 9))
+
+
+def _running_max_rises(row, block_size):
+    """By definition: blocks after the first finite one whose max exceeds every earlier score."""
+    best, rises = -np.inf, 0
+    for j in range(0, row.size, block_size):
+        top = np.max(row[j:j + block_size])
+        rises += best > -np.inf and top > best
+        best = max(best, top)
+    return rises
+
+
+@settings(max_examples=100, deadline=None)
+@given(drawn=log2_rows(), theta=st.sampled_from([0.0, 1.0, 8.0]))
+def test_reference_max_trails_the_running_max_by_at_most_theta(drawn, theta):
+    row, block_size = drawn
+    t = rescale.trace_row(row, theta, block_size)
+    seen = t.running_max > -np.inf
+    gap = t.running_max[seen] - t.m_ref[seen]
+    assert np.all(gap >= 0) and np.all(gap <= theta)  # so every 2^(s - m_ref) <= 2^theta
+    assert rescale.running_max_changes(row, block_size) == _running_max_rises(row, block_size)
+    assert rescale.rescales(row, theta, block_size) <= rescale.running_max_changes(row, block_size)
+
+
+@settings(max_examples=40, deadline=None)
+@given(drawn=log2_rows(), theta=st.sampled_from([0.0, 8.0]), d_v=st.integers(1, 4))
+def test_conditional_attention_counts_what_trace_row_counts(drawn, theta, d_v):
+    """One query row whose scores are the finite entries of ``row`` (q = 1, k = row, scale =
+    ln 2 turns them into log2 units): the attention's rescale count is trace_row's, and its
+    output is softmax(row ln 2) v."""
+    row, block_size = drawn
+    scores = row[np.isfinite(row)]
+    assume(scores.size > 0)
+    q, k = np.ones((1, 1)), scores[:, None]
+    v = np.random.default_rng(scores.size).normal(size=(scores.size, d_v))
+    result = rescale.conditional_attention(q, k, v, theta, block_size, scale=math.log(2.0))
+    assert result.rescales[0] == rescale.rescales(scores, theta, block_size)
+    np.testing.assert_allclose(result.o, reference_attention(q, k, v, scale=math.log(2.0)), atol=TOL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float32, 64, elements=st.floats(-1e6, 1e6, width=32)))
+def test_range_reduction_is_exact_outside_minus_half_to_zero(x):
+    n, f = softexp.range_reduce(x)
+    assert np.all((f >= 0) & (f <= 1)) and np.array_equal(n, np.floor(x))
+    err = np.abs(n.astype(np.float64) + f.astype(np.float64) - x.astype(np.float64))
+    rounded = (x > -0.5) & (x < 0)  # f = x + 1 rounded to float32's 2^-24 spacing
+    assert np.all(err[~rounded] == 0) and np.all(err[rounded] <= 2.0**-25)
 
 
 def test_attention_entry_point_and_errors():

@@ -160,6 +160,24 @@ def test_deferred_normalisation_saves_work_for_any_shape(N, d, Br, Bc):
     assert (b1["stats_per_row"], b2["stats_per_row"]) == (2, 1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([1, 2]), st.integers(1, 20), st.integers(1, 6), st.integers(1, 9), st.integers(1, 9),
+       st.integers(0, 2**32 - 1))
+def test_the_counted_loops_compute_attention(version, N, d, Br, Bc, seed):
+    """What count_nonmatmul counts is attention: its forward loops give softmax(tau Q K^T) V and
+    its backward loops rebuild P, for either version and any (ragged) blocks."""
+    from flashlab.reference.counting import _backward_P, _c, _forward
+    from flashlab.reference.softmax import softmax
+
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.normal(size=(N, d)) for _ in range(3))
+    tau = 1.0 / np.sqrt(d)
+    o = _forward(version, _c(q), _c(k), _c(v), Br, Bc, tau)
+    np.testing.assert_allclose(np.asarray(o), attention(q, k, v), rtol=TOL, atol=TOL)
+    P = _backward_P(version, _c(q), _c(k), Br, Bc, tau)
+    np.testing.assert_allclose(P, softmax(tau * q @ k.T), rtol=TOL, atol=TOL)
+
+
 def test_a100_non_matmul_op_costs_16_matmul_flops():
     assert nonmatmul_cost_ratio(A100) == pytest.approx(16.0)
     c = count_nonmatmul(2, 256, 64, 64, 64)

@@ -110,3 +110,57 @@ def test_fp8_attention_without_outliers_is_close() -> None:
     q, k, v = (rng.normal(size=(64, 32)) for _ in range(3))
     err = np.sqrt(np.mean((fp8_attention(q, k, v) - attention(q, k, v)) ** 2))
     assert err < 0.05                                      # e4m3: 3 mantissa bits, ~3 % per entry
+
+
+# ------------------------------------------------------------------ property tests
+fp8_formats = st.sampled_from(["e4m3", "e5m2"])
+
+
+@st.composite
+def row_blocks(draw):
+    """(x, block): x (..., N, d) with magnitudes from 1e-3 to 1e3, block None or 1..N+1 rows."""
+    lead = draw(st.sampled_from([(), (2,)]))
+    n, d = draw(st.integers(1, 12)), draw(st.integers(1, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.normal(size=lead + (n, d)) * 10.0 ** draw(st.integers(-3, 3))
+    return x, draw(st.none() | st.integers(1, n + 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(drawn=row_blocks(), fmt=fp8_formats)
+def test_quantize_dequantize_round_trip(drawn, fmt) -> None:
+    """values lie on the FP8 grid, within +-max, and values * scale is x to half an FP8 ulp
+    (relative 2^-(m+1)), or to half the subnormal spacing scale * 2^(1-bias-m-1) near zero."""
+    x, block = drawn
+    f = FORMATS[fmt]
+    values, scale = quantize(x, fmt, block)
+    assert np.array_equal(round_to_fp8(values, fmt), values) and np.abs(values).max() <= f.max
+    per_row = np.broadcast_to(scale, ()) if block is None else np.repeat(scale, block, axis=-2)[..., : x.shape[-2], :]
+    half_ulp = np.abs(x) * 2.0 ** -(f.mantissa_bits + 1)
+    half_subnormal = per_row * f.min_normal * 2.0 ** -(f.mantissa_bits + 1)
+    err = np.abs(dequantize(values, scale, block) - x)
+    assert np.all(err <= (half_ulp + half_subnormal) * (1 + 1e-12))
+
+
+@settings(max_examples=60, deadline=None)
+@given(log_d=st.integers(0, 7), rows=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
+def test_hadamard_is_an_orthogonal_involution(log_d, rows, seed) -> None:
+    d = 2**log_d
+    x = np.random.default_rng(seed).normal(size=(rows, d))
+    y = hadamard_transform(x)
+    np.testing.assert_allclose(hadamard_transform(y), x, atol=TOL)                           # H H = I
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=TOL)  # |x H| = |x|
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_q=st.integers(1, 8), n_k=st.integers(1, 8), d=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_fp8_attention_is_attention_on_fp8_numbers(n_q, n_k, d, seed) -> None:
+    """Inputs that are already e4m3 numbers with amax = 448 get scale 1 and survive quantisation
+    exactly, so FP8 attention (P~ unrounded) equals float64 attention on them."""
+    from flashlab.reference.fp8 import fp8_attention
+    rng = np.random.default_rng(seed)
+    grid = fp8_grid("e4m3") / 64                                            # entries up to 7 keep exp() tame
+    q, k, v = (rng.choice([-1, 1], size=shape) * rng.choice(grid, size=shape) for shape in ((n_q, d), (n_k, d), (n_k, d)))
+    for a in (q, k, v):
+        a.flat[0] = 448.0 / 64                                              # amax = 448 / 64: scale 1 / 64, exact
+    np.testing.assert_allclose(fp8_attention(q, k, v), attention(q, k, v), rtol=TOL, atol=TOL)

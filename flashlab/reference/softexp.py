@@ -52,7 +52,12 @@ EXP2_MAX = 128.0  # 2^128 overflows float32; from here exp2 returns inf
 
 
 def range_reduce(x) -> tuple[np.ndarray, np.ndarray]:
-    """Cody-Waite range reduction x = n + f with n = floor(x) and 0 <= f < 1.
+    """Cody-Waite range reduction x = n + f with n = floor(x) and 0 <= f <= 1.
+
+    f = x - floor(x) is exact in float32 except for -1/2 < x < 0: there f = x + 1 lies in
+    (1/2, 1), whose spacing 2^-24 is coarser than x's, so f is rounded (by at most 2^-25)
+    and a tiny negative x gives f = 1. The polynomial is fitted on the closed [0, 1], so
+    :func:`exp2` stays within its error there too.
 
     Parameters
     ----------
@@ -61,11 +66,11 @@ def range_reduce(x) -> tuple[np.ndarray, np.ndarray]:
     Returns
     -------
     n : int32 array (...,)   integer part
-    f : float32 array (...,) fractional part; x - floor(x) is exact in float32
+    f : float32 array (...,) fractional part
     """
     x = np.asarray(x, dtype=np.float32)
     n = np.floor(x)  # (...,) float32, exact
-    f = x - n  # (...,) exact: x and floor(x) share the exponent range (Sterbenz)
+    f = x - n  # (...,) f >= 0: its spacing is no finer than x's unless -1/2 < x < 0
     return n.astype(np.int32), f
 
 

@@ -48,7 +48,7 @@ __all__ = ["softmax", "naive_softmax", "online_softmax", "OnlineSoftmaxState", "
 def naive_softmax(x, axis: int = -1) -> np.ndarray:
     """p = exp(x) / sum exp(x), with no max subtraction: overflows for large x.
 
-    Kept to show the failure; use :func:`softmax`. Works in x's own floating dtype
+    It exists to show the failure; use :func:`softmax`. Works in x's own floating dtype
     so that fp16 overflow can be seen."""
     x = np.asarray(x)
     if not np.issubdtype(x.dtype, np.floating):
