@@ -71,13 +71,13 @@ def report() -> Environment:
     """Probe the machine and return an :class:`Environment` (print it for a summary)."""
     versions = {name: _version(name) for name in ("numpy", "matplotlib", "torch", "triton")}
     gpus: list[str] = []
-    cc = None
+    capability = None
     try:
         import torch
 
         if torch.cuda.is_available():
             gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            cc = torch.cuda.get_device_capability(0)
+            capability = torch.cuda.get_device_capability(0)
     except Exception:
         pass
     return Environment(
@@ -86,6 +86,6 @@ def report() -> Environment:
         cpu_count=os.cpu_count() or 1,
         versions=versions,
         gpus=gpus,
-        compute_capability=cc,
+        compute_capability=capability,
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
     )

@@ -232,15 +232,15 @@ def table(with_hardware: bool = True, fmt: str = "markdown") -> str:
         raise ValueError(f"fmt must be 'markdown' or 'html'; got {fmt!r}")
     header, *body = table_rows(with_hardware)
     if fmt == "html":
-        def tr(row: list[str], tag: str) -> str:
+        def html_row(row: list[str], tag: str) -> str:
             return "<tr>" + "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in row) + "</tr>"
 
-        return "<table>" + tr(header, "th") + "".join(tr(row, "td") for row in body) + "</table>"
+        return "<table>" + html_row(header, "th") + "".join(html_row(row, "td") for row in body) + "</table>"
 
-    def line(row: list[str]) -> str:
+    def markdown_row(row: list[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
 
-    return "\n".join([line(header), "|" + "---|" * len(header)] + [line(row) for row in body])
+    return "\n".join([markdown_row(header), "|" + "---|" * len(header)] + [markdown_row(row) for row in body])
 
 
 def sources(width: int = 110) -> str:

@@ -417,11 +417,11 @@ def test_paged_cache_holds_what_was_appended(scenario, causal, n_q):
     rng = np.random.default_rng(seed)
     cache = PagedKVCache(batch, num_pages, page_size, H_kv, d, d_v)
     keys = [np.zeros((0, H_kv, d)) for _ in range(batch)]  # what each sequence should hold
-    vals = [np.zeros((0, H_kv, d_v)) for _ in range(batch)]
+    values = [np.zeros((0, H_kv, d_v)) for _ in range(batch)]
     for b, n_new in ops:
         if n_new == -1:
             cache.free(b)
-            keys[b], vals[b] = keys[b][:0], vals[b][:0]
+            keys[b], values[b] = keys[b][:0], values[b][:0]
             continue
         k_new, v_new = rng.normal(size=(n_new, H_kv, d)), rng.normal(size=(n_new, H_kv, d_v))
         needed = -(-(len(keys[b]) + n_new) // page_size) - -(-len(keys[b]) // page_size)
@@ -433,7 +433,7 @@ def test_paged_cache_holds_what_was_appended(scenario, causal, n_q):
             assert all(np.array_equal(x, y) for x, y in zip(before, after))  # nothing changed
             continue
         cache.append(b, k_new, v_new)
-        keys[b], vals[b] = np.concatenate([keys[b], k_new]), np.concatenate([vals[b], v_new])
+        keys[b], values[b] = np.concatenate([keys[b], k_new]), np.concatenate([values[b], v_new])
 
     owned = np.concatenate([cache.pages_of(b) for b in range(batch)])
     assert len(set(owned.tolist())) == len(owned)  # no page belongs to two sequences
@@ -441,12 +441,12 @@ def test_paged_cache_holds_what_was_appended(scenario, causal, n_q):
     for b in range(batch):
         k_b, v_b = cache.gather(b)
         np.testing.assert_array_equal(k_b, keys[b])
-        np.testing.assert_array_equal(v_b, vals[b])
+        np.testing.assert_array_equal(v_b, values[b])
 
     q = rng.normal(size=(batch, H_kv * G, n_q, d))
     o = attention_paged(q, cache, causal)
     for b in range(batch):
-        k_b, v_b = (np.swapaxes(x, 0, 1) for x in (keys[b], vals[b]))  # (H_kv, n, .)
+        k_b, v_b = (np.swapaxes(x, 0, 1) for x in (keys[b], values[b]))  # (H_kv, n, .)
         close(o[b], attention_gqa(q[b], k_b, v_b, causal))
 
 

@@ -166,15 +166,15 @@ def test_deferred_normalisation_saves_work_for_any_shape(N, d, Br, Bc):
 def test_the_counted_loops_compute_attention(version, N, d, Br, Bc, seed):
     """What count_nonmatmul counts is attention: its forward loops give softmax(tau Q K^T) V and
     its backward loops rebuild P, for either version and any (ragged) blocks."""
-    from flashlab.reference.counting import _backward_P, _c, _forward
+    from flashlab.reference.counting import _backward_P, _counted, _forward
     from flashlab.reference.softmax import softmax
 
     rng = np.random.default_rng(seed)
     q, k, v = (rng.normal(size=(N, d)) for _ in range(3))
     tau = 1.0 / np.sqrt(d)
-    o = _forward(version, _c(q), _c(k), _c(v), Br, Bc, tau)
+    o = _forward(version, _counted(q), _counted(k), _counted(v), Br, Bc, tau)
     np.testing.assert_allclose(np.asarray(o), attention(q, k, v), rtol=TOL, atol=TOL)
-    P = _backward_P(version, _c(q), _c(k), Br, Bc, tau)
+    P = _backward_P(version, _counted(q), _counted(k), Br, Bc, tau)
     np.testing.assert_allclose(P, softmax(tau * q @ k.T), rtol=TOL, atol=TOL)
 
 

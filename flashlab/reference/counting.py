@@ -76,7 +76,8 @@ def counting() -> Iterator[Counter]:
         _TALLY.pop()
 
 
-def _c(x: np.ndarray) -> Counted:
+def _counted(x: np.ndarray) -> Counted:
+    """``x`` as a float64 :class:`Counted` array (a view, no copy when it is one already)."""
     return np.asarray(x, dtype=np.float64).view(Counted)
 
 
@@ -127,15 +128,15 @@ def _forward(version: int, q: Counted, k: Counted, v: Counted, Br: int, Bc: int,
     N, d = q.shape
     rows, cols = block_ranges(N, Br), block_ranges(N, Bc)
     if version == 1:
-        o, l, m = _c(np.zeros((N, d))), _c(np.zeros(N)), _c(np.full(N, -np.inf))  # FA1 Alg. 1 line 2: O = 0 in HBM
+        o, l, m = _counted(np.zeros((N, d))), _counted(np.zeros(N)), _counted(np.full(N, -np.inf))  # FA1 Alg. 1 line 2: O = 0 in HBM
         for c0, c1 in cols:  # v1: K/V blocks outside ...
             for r0, r1 in rows:  # ... Q blocks inside: O_i, l_i, m_i read and written every step
                 o[r0:r1], l[r0:r1], m[r0:r1] = _v1_tile(
                     q[r0:r1], k[c0:c1], v[c0:c1], o[r0:r1], l[r0:r1], m[r0:r1], tau)
         return o
-    o = _c(np.zeros((N, d)))
+    o = _counted(np.zeros((N, d)))
     for r0, r1 in rows:  # v2: Q blocks outside ...
-        o_tilde, l, m = _c(np.zeros((r1 - r0, d))), _c(np.zeros(r1 - r0)), _c(np.full(r1 - r0, -np.inf))
+        o_tilde, l, m = _counted(np.zeros((r1 - r0, d))), _counted(np.zeros(r1 - r0)), _counted(np.full(r1 - r0, -np.inf))
         for c0, c1 in cols:  # ... K/V blocks inside: the state stays on chip
             o_tilde, l, m = _v2_tile(q[r0:r1], k[c0:c1], v[c0:c1], o_tilde, l, m, tau)
         o[r0:r1] = _v2_finish(o_tilde, l, m)[0]
@@ -149,7 +150,7 @@ def _backward_P(version: int, q: Counted, k: Counted, Br: int, Bc: int, tau: flo
     S = (np.asarray(q) @ np.asarray(k).T) * tau  # (N, N), the forward's scores
     m_plain = S.max(axis=-1)
     l_plain = np.exp(S - m_plain[:, None]).sum(axis=-1)
-    m, l, L = _c(m_plain), _c(l_plain), _c(m_plain + np.log(l_plain))
+    m, l, L = _counted(m_plain), _counted(l_plain), _counted(m_plain + np.log(l_plain))
     if version == 1:
         l_inv = 1.0 / l  # diag(l)^-1, once per row
     P = np.zeros((N, N))
@@ -188,7 +189,7 @@ def count_nonmatmul(
         raise ValueError(f"version must be 1 or 2; got {version!r}")
     N, d, Br, Bc = (positive_int(n, x) for n, x in (("N", N), ("d", d), ("Br", Br), ("Bc", Bc)))
     rng = np.random.default_rng(seed)
-    q, k, v = (_c(rng.normal(size=(N, d))) for _ in range(3))
+    q, k, v = (_counted(rng.normal(size=(N, d))) for _ in range(3))
     tau = 1.0 / np.sqrt(d)
     with counting() as tally:
         if backward:

@@ -154,28 +154,28 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
     q, k, v = _check_qkv(q, k, v, dtype)
     theta, Bc = _threshold(threshold), positive_int("block_size", block_size)
     N_q, N_k = q.shape[-2], k.shape[-2]
-    s2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2E)  # (..., N_q, N_k) log2 units
+    s_log2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2E)  # (..., N_q, N_k) log2 units
     if causal:
-        s2 = np.where(causal_mask(N_q, N_k), s2, -np.inf)
-    rows = s2.shape[:-1]  # (..., N_q)
+        s_log2 = np.where(causal_mask(N_q, N_k), s_log2, -np.inf)
+    rows = s_log2.shape[:-1]  # (..., N_q)
     m_ref = np.full(rows, -np.inf, dtype=dtype)
     l = np.zeros(rows, dtype=dtype)
     o_tilde = np.zeros(rows + (v.shape[-1],), dtype=dtype)  # (..., N_q, d_v)
     count = np.zeros(rows, dtype=np.int64)
     max_p = 0.0
     for j in range(0, N_k, Bc):
-        s_blk = s2[..., j:j + Bc]  # (..., N_q, Bc)
+        s_blk = s_log2[..., j:j + Bc]  # (..., N_q, Bc)
         m_blk = np.max(s_blk, axis=-1)  # (..., N_q)
         empty = m_ref == -np.inf  # nothing seen yet (or only masked scores)
-        m_ref0 = np.where(empty, 0.0, m_ref)  # finite stand-in, so -inf - -inf never occurs
-        move = empty | (m_blk - m_ref0 > theta)  # rows whose reference must move
+        m_old_finite = np.where(empty, 0.0, m_ref)  # finite stand-in, so -inf - -inf never occurs
+        move = empty | (m_blk - m_old_finite > theta)  # rows whose reference must move
         count += move & ~empty  # moving an empty state is not a rescale
         m_new = np.where(move, np.maximum(m_ref, m_blk), m_ref)
-        alpha = np.where(empty, 0.0, np.exp2(m_ref0 - np.where(empty, 0.0, m_new)))  # 2^(m_ref - m_new)
+        alpha = np.where(empty, 0.0, np.exp2(m_old_finite - np.where(empty, 0.0, m_new)))  # 2^(m_ref - m_new)
         l, o_tilde = alpha * l, alpha[..., None] * o_tilde  # rescale (rows that did not move: alpha = 1)
         m_ref = m_new
-        safe = np.where(m_ref == -np.inf, 0.0, m_ref)[..., None]  # all-masked rows: 2^(-inf) = 0
-        p = np.exp2(s_blk - safe)  # (..., N_q, Bc), each <= 2^theta
+        m_ref_finite = np.where(m_ref == -np.inf, 0.0, m_ref)[..., None]  # all-masked rows: 2^(-inf) = 0
+        p = np.exp2(s_blk - m_ref_finite)  # (..., N_q, Bc), each <= 2^theta
         if p.size:
             max_p = max(max_p, float(np.max(p)))
         l = l + np.sum(p, axis=-1)
