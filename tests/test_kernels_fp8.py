@@ -1,6 +1,6 @@
 """The FP8 forward kernel (flashlab.kernels.fp8) against float64 references.
 
-What is checked, and the bounds (DESIGN.md tolerance policy: fp8 is judged by RMSE against
+What is checked, and the bounds (the tolerance policy: fp8 is judged by RMSE against
 a baseline, never by a bare allclose):
 
 - Against exact float64 attention of the *dequantised* inputs (x8 * descale), the only
@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from flashlab.kernels import INTERPRET, fp8 as kfp8
+from flashlab.lab.variants.fp8_schedules import flash_attention_fp8_scheduled
 from flashlab.kernels.fp8 import (
     dequantize_fp8,
     flash_attention_fp8,
@@ -78,12 +79,15 @@ def _round_to(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 def _check_against_dequantised(q, k, v, causal, blocks, out_dtype=torch.bfloat16, transpose_v=True, config=None,
                                shift_check=False, **options):
-    """Quantise, run the kernel (``options``: more of its keywords), compare with float64
-    attention of the dequantised inputs."""
+    """Quantise, run the kernel (``options``: a schedule of the lab variant
+    flashlab.lab.variants.fp8_schedules), compare with float64 attention of the dequantised inputs."""
     (q8, qd), (k8, kd), (v8, vd) = (quantize_fp8(t, b) for t, b in zip((q, k, v), blocks))
     v_in = v8.transpose(-2, -1).contiguous().transpose(-2, -1) if transpose_v else v8
-    o = flash_attention_fp8(q8, k8, v_in, causal, None, qd, kd, vd, q_block=blocks[0], k_block=blocks[1],
-                            v_block=blocks[2], out_dtype=out_dtype, config=config, **options)
+    run = flash_attention_fp8_scheduled if options else flash_attention_fp8  # a schedule's switches: the variant
+    if options and config is None:
+        config = (16, 16, 4, 1) if INTERPRET else (64, 128, 4, 3)
+    o = run(q8, k8, v_in, causal, None, qd, kd, vd, q_block=blocks[0], k_block=blocks[1],
+            v_block=blocks[2], out_dtype=out_dtype, config=config, **options)
     assert o.dtype == out_dtype and o.shape == q.shape
     Q, K, V = (_np(dequantize_fp8(t8, d, b)) for t8, d, b in zip((q8, k8, v8), (qd, kd, vd), blocks))
     ref = attention(Q, K, V, causal)
@@ -165,7 +169,7 @@ def test_pipelined_loop_gives_the_same_answer(config, mode):
         config = (16, 16, 4, 1)
     else:
         config = (64, 128, 4, 2, 168) if config == "capped" else (64, 128, 4, 3)
-    o_opt = flash_attention_fp8(**pre, config=config, pipeline=mode)
+    o_opt = flash_attention_fp8_scheduled(**pre, config=config, pipeline=mode)
     o = flash_attention_fp8(**pre, config=config)
     assert (o_opt.float() - o.float()).abs().max().item() <= 2**-7 * max(1.0, o.float().abs().max().item())
 
@@ -179,7 +183,7 @@ def test_pipeline_with_a_ragged_causal_tail():
     pre = quantize_qkv(q, k, v, block=16 * SIZE)
     config = (16, 16, 4, 1) if INTERPRET else (128, 64, 4, 3)
     for causal, mode in ((False, "qk"), (True, "qk"), (False, "pv"), (True, "pv")):
-        o_p = flash_attention_fp8(**pre, causal=causal, config=config, pipeline=mode)
+        o_p = flash_attention_fp8_scheduled(**pre, causal=causal, config=config, pipeline=mode)
         o = flash_attention_fp8(**pre, causal=causal, config=config)
         assert (o_p.float() - o.float()).abs().max().item() <= 2**-7 * max(1.0, o.float().abs().max().item())
 
@@ -357,12 +361,7 @@ GOOD = (_fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16), _fp8(1, 2, 8, 16))
         (GOOD, {"v_block": 24, "v_descale": torch.ones(1, 2, 1)}, ValueError, ["v_block must be a multiple of the kernel's BLOCK_N", "24"]),
         (GOOD, {"out_dtype": torch.int8}, TypeError, ["out_dtype must be"]),
         (GOOD, {"causal": "yes"}, TypeError, ["causal must be a bool"]),
-        (GOOD, {"pipeline": "yes"}, ValueError, ["pipeline must be False, True, 'qk' or 'pv'", "'yes'"]),
-        (GOOD, {"pipeline": 1}, ValueError, ["pipeline must be False, True, 'qk' or 'pv'", "1"]),
-        (GOOD, {"pipeline": "pv", "rescale_threshold": 2.0}, ValueError, ["cannot be combined with rescale_threshold"]),
-        (GOOD, {"rescale_threshold": 9.0}, ValueError, ["rescale_threshold must be None or a number in [0, 8]", "9.0"]),
-        (GOOD, {"rescale_threshold": -1}, ValueError, ["rescale_threshold must be", "-1"]),
-        (GOOD, {"rescale_threshold": True}, ValueError, ["rescale_threshold must be", "True"]),
+        (GOOD, {"pipeline": "pv"}, TypeError, ["pipeline"]),  # a schedule of the lab variant only
     ],
 )
 def test_bad_input(args, kwargs, exc, words):
@@ -370,6 +369,27 @@ def test_bad_input(args, kwargs, exc, words):
     kwargs = {n: a.to(DEVICE) if isinstance(a, torch.Tensor) else a for n, a in kwargs.items()}
     with pytest.raises(exc) as info:
         flash_attention_fp8(*args, **kwargs)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value}"
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"pipeline": "yes"}, ["pipeline must be False, True, 'qk' or 'pv'", "'yes'"]),
+        ({"pipeline": 1}, ["pipeline must be False, True, 'qk' or 'pv'", "1"]),
+        ({"pipeline": "pv", "rescale_threshold": 2.0}, ["cannot be combined with rescale_threshold"]),
+        ({"rescale_threshold": 9.0}, ["rescale_threshold must be None or a number in [0, 8]", "9.0"]),
+        ({"rescale_threshold": -1}, ["rescale_threshold must be", "-1"]),
+        ({"rescale_threshold": True}, ["rescale_threshold must be", "True"]),
+        ({"config": None}, ["config must be given"]),
+    ],
+)
+def test_bad_schedule(kwargs, words):
+    """The lab variant's switches are checked before anything runs."""
+    args = tuple(a.to(DEVICE) for a in GOOD)
+    with pytest.raises(ValueError) as info:
+        flash_attention_fp8_scheduled(*args, **{"config": (16, 16, 4, 1), **kwargs})
     for word in words:
         assert word in str(info.value), f"{word!r} not in {info.value}"
 

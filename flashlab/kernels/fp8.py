@@ -1,9 +1,9 @@
 """FP8 (e4m3) FlashAttention forward kernel (FlashAttention-3 §3.3) in Triton.
 
-Q, K and V arrive as float8_e4m3fn numbers with float32 *descales*: x ~ x8 * descale,
-one descale per (batch, head) or per block of rows (see :func:`quantize_fp8`). One
-program computes one block of BLOCK_M query rows of one (batch, head), with the
-FlashAttention-2 structure of :mod:`.forward`:
+Q, K and V arrive as float8_e4m3fn numbers with float32 *descales*: x ~ x8 * descale, one
+descale per (batch, head) or per block of rows (:func:`quantize_fp8`). One program computes
+one block of BLOCK_M query rows of one (batch, head), with the FlashAttention-2 structure of
+:mod:`.forward`:
 
     r_i   = scale * log2(e) * dq_i                     one factor per query row (Q's descale)
     for each key block j (K8_j, V8_j streamed from HBM):
@@ -16,54 +16,20 @@ FlashAttention-2 structure of :mod:`.forward`:
         u     = dv_j                                   (O's rows are true values / u)
     O = O * u / l                                      divide once, at the end; the 2^8 cancels
 
-P is cast to FP8 for the second tensor-core dot. Its entries lie in (0, 1]; e4m3 has
-normal numbers only down to 2^-6, so FlashAttention-3 subtracts 8 from the max
-(``Max_offset = 8`` in its softmax): P is then 2^8 times larger, in (0, 256] (e4m3
-reaches 448), so entries down to 2^-14 of the row max keep the full 3-bit mantissa.
-l sums the same scaled values, so O / l needs no 1/256 at all.
+P is cast to FP8 for the second tensor-core dot. e4m3 has normal numbers only down to 2^-6,
+so P is computed 2^8 times larger (FA3's softmax subtracts ``Max_offset = 8`` from the max):
+entries down to 2^-14 of the row max keep their 3-bit mantissa, and l, which sums the same
+scaled values, cancels the 2^8 in O / l.
 
-Descales (缩放因子). q_descale is (B, H, ceil(N_q / q_block)), row i uses entry i //
-q_block; likewise k_descale and v_descale along N_k; block None means one descale per
-(batch, head), shape (B, H, 1). The quantisation blocks need not match the kernel's
-tiles (BLOCK_M, BLOCK_N, chosen by autotuning): Q's is one scalar per program when
-q_block is a multiple of BLOCK_M, else gathered once, one per row; K's is one scalar per
-key tile when k_block is a multiple of BLOCK_N, else a vector of BLOCK_N (one per key).
-V's must be one scalar per key tile (v_block a multiple of BLOCK_N, or None): it cannot
-scale P's columns before the fp8 cast without changing P's grid, so the kernel keeps O
-in units of the current tile's descale u and rescales O by u_old / u_new with the
-softmax's alpha, a per-row factor that costs nothing extra per element.
-
-V's layout. On Hopper (sm_90) an fp8 wgmma takes its B operand from shared memory in
-K-major order only (fp16/bf16 also accept MN-major). For S = Q K^T, B = K^T and K's rows
-(N, d), d contiguous, are K-major already. For O = P V the reduction runs over keys, so
-V should be stored with N contiguous: :func:`quantize_qkv` returns V as a (B, H, N, d)
-*view* of (B, H, d, N) memory, as the Triton tutorial does for fp8. The kernel reads
-any strides, so a plain (B, H, N, d) V also gives the right answer, but slower: on the
-H200 (triton 3.6; B=4, H=16, N=4096, d=128, non-causal) 0.82 ms (673 TFLOP/s) with
-keys-contiguous V against 2.02 ms (272 TFLOP/s) with d-contiguous V.
-
-Incoherent processing (非相干处理, §3.3): :func:`rotate` multiplies Q and K by the same
-random orthogonal R = diag(sigma) H_d / sqrt(d) (sigma random signs, H_d the Hadamard
-matrix), so (Q R)(K R)^T = Q K^T while an outlier in one coordinate spreads over all d of them.
-
-TMA (chapter 6). When the layout allows (:func:`fp8_tma_eligible`: a Hopper GPU, K
-contiguous, V keys-contiguous, d a power of two >= 32, N_k a multiple of 16), K and V
-tiles come through tensor descriptors (and Q's tile too, when Q is contiguous), as in
-forward.py: K as rows of the (Z*H*N_k, d) view (rows past N_k belong to the next head
-and are masked out of S), V as columns of the (Z*H*d, N_k) view of its keys-contiguous
-memory (columns past N_k are zero-filled).
-
-Under the interpreter (TRITON_INTERPRET=1) fp8 loads and fp8 ``tl.dot`` are exact, but the
-fp32 -> fp8 cast rounds wrongly when rounding carries into the next binade (7.9 -> 4
-instead of 8) and in the subnormal range. The kernel then rounds P itself with
-:func:`round_e4m3` (round to nearest, ties to even, as the hardware's cvt.rn does) before
-the cast, which is then exact; on a GPU it casts directly.
+Incoherent processing (非相干处理, §3.3): :func:`rotate` multiplies Q and K by the same random
+orthogonal R = diag(sigma) H_d / sqrt(d), so (Q R)(K R)^T = Q K^T while an outlier in one
+coordinate spreads over all d of them.
 
 Glossary: 量化 quantisation; 反量化 dequantisation (x8 * descale); descale = 缩放因子 (the
 inverse of the factor that scaled x into FP8 range); amax = 绝对值最大值; e4m3 = 4 exponent
 bits, 3 mantissa bits (指数位, 尾数位); block quantisation = 分块量化; outlier = 离群值;
 BLOCK_M = B_r (行块); BLOCK_N = B_c (列块); m = running max (当前最大值); l = running sum
-(分母); acc = unnormalised O (累加器); tensor core = 张量核心.
+(分母); acc = unnormalised O (累加器); u = V's descale that O is kept in; tensor core = 张量核心.
 """
 
 from __future__ import annotations
@@ -83,42 +49,40 @@ from ._common import (
     Candidate,
     causal_range_tl,
     check_head_dim,
-    check_rescale_threshold,
     check_runnable,
     check_scale,
     check_tensors,
     configs,
     has_tma,
     launch_options,
-    load_k_tile,
-    load_v_tile,
     pruner,
 )
 
 __all__ = ["CANDIDATES", "FP8_MAX", "P_SHIFT", "WIDE_CANDIDATES", "dequantize_fp8", "flash_attention_fp8",
-           "flash_attention_fp8_from", "fp8_tma_eligible", "loop_constexprs", "quantize_fp8", "quantize_qkv", "rotate"]
+           "flash_attention_fp8_from", "fp8_tma_eligible", "launch_fp8", "quantize_fp8", "quantize_qkv", "rotate"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn number, 1.75 x 2^8
 P_SHIFT = 8.0  # P is computed as 2^P_SHIFT exp2(S - m): (0, 256] instead of (0, 1]
+_SHIFT = tl.constexpr(P_SHIFT)  # the same number, readable inside the kernel
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# (BLOCK_M, BLOCK_N, warps, stages[, max registers]) for sm_90; few, so that autotuning compiles little.
-# The first serves FLASHLAB_AUTOTUNE=0. On the H200 (results/fp8_tiles_h200) 64 query rows by 128 keys
-# with one warp group beat 128 x 64: the same scores per step with fewer instructions per score (O is
-# rescaled once per 128 keys, not per 64). A cap of 168 registers with 2 stages (72 KB of shared
-# memory) lets three programs share an SM, so one's tensor-core work overlaps another's exponentials.
+# (BLOCK_M, BLOCK_N, warps, stages[, max registers]) for sm_90; few, so that autotuning compiles
+# little. The first serves FLASHLAB_AUTOTUNE=0. 64 query rows by 128 keys with one warp group
+# computes the same scores per step as 128 x 64 with fewer instructions per score (O is rescaled
+# once per 128 keys, not per 64). A cap of 168 registers with 2 stages (72 KB of shared memory)
+# lets three programs share an SM, so that one's tensor-core work overlaps another's exponentials.
 CANDIDATES: list[Candidate] = [(64, 128, 4, 3), (64, 128, 4, 2, 168), (128, 64, 4, 3), (64, 64, 4, 3, 128)]
 WIDE_CANDIDATES: list[Candidate] = [(128, 64, 8, 2), (64, 64, 4, 2)]  # d = 256
 
 
 def _descriptor_blocks(nargs: dict) -> None:
-    """Autotune pre-hook: the TMA descriptors' block shapes follow the configuration's BLOCK_N."""
-    if isinstance(nargs["DESC_Q"], TensorDescriptor):
-        nargs["DESC_Q"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_D"]]  # Q_i: queries x d
-    if isinstance(nargs["DESC_K"], TensorDescriptor):
-        nargs["DESC_K"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]  # K_j: keys x d
-        nargs["DESC_V"].block_shape = [nargs["BLOCK_D"], nargs["BLOCK_N"]]  # V_j^T: d x keys
+    """Autotune pre-hook: the TMA descriptors' block shapes follow the configuration's tiles."""
+    if isinstance(nargs["Q"], TensorDescriptor):
+        nargs["Q"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_D"]]  # Q_i: queries x d
+    if isinstance(nargs["K"], TensorDescriptor):
+        nargs["K"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]  # K_j: keys x d
+        nargs["V"].block_shape = [nargs["BLOCK_D"], nargs["BLOCK_N"]]  # V_j^T: d x keys
 
 
 _CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
@@ -138,10 +102,14 @@ def _prune(configs_, named_args, **kwargs):
 def round_e4m3(x):
     """x >= 0 rounded to the nearest e4m3 number, ties to even (no saturation: here x <= 256).
 
+    Under the interpreter (TRITON_INTERPRET=1) fp8 loads and fp8 ``tl.dot`` are exact, but the
+    fp32 -> fp8 cast rounds wrongly when rounding carries into the next binade (7.9 -> 4
+    instead of 8) and in the subnormal range; the kernel rounds P with this function first,
+    after which the cast is exact. On a GPU it casts directly (cvt.rn, the same rounding).
+
     The arithmetic of reference.fp8.round_to_fp8: the binade's exponent e (never below the
     subnormal range's -6) gives the grid spacing 2^(e-3); x / 2^(e-3) < 16 is rounded to an
-    integer by adding and subtracting 2^23 in fp32 (round to nearest even). Used only under
-    the interpreter, whose own fp32 -> fp8 cast gets carries into the next binade wrong."""
+    integer by adding and subtracting 2^23 in fp32 (round to nearest even)."""
     bits = x.to(tl.int32, bitcast=True)
     e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # floor(log2 x), at least 1 - bias
     quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
@@ -151,7 +119,7 @@ def round_e4m3(x):
 
 
 @triton.jit
-def _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K,
+def _tile_factor(qk, row_factor, kd_ptr, start_n, n, N_K,
                  BLOCK_N: tl.constexpr, K_SB: tl.constexpr, ROW_SCALAR: tl.constexpr):
     """S_ij = qk * r_i * dk_j in log2 units: the descales scale the fp32 result. Returns (qk, f,
     f_rows): qk with any per-key descale applied, and the factor f_i that turns it into S, as
@@ -161,9 +129,9 @@ def _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K,
     if K_SB == 0:  # dk per (batch, head): already folded into row_factor
         f = row_factor
     elif K_SB % BLOCK_N == 0:  # the whole key tile shares one descale
-        f = row_factor * tl.load(kd_ptr + (start_n // K_SB) * stride_kdb)
+        f = row_factor * tl.load(kd_ptr + start_n // K_SB)
     else:  # quantisation blocks cut through the tile: one descale per key
-        kd = tl.load(kd_ptr + (n // K_SB) * stride_kdb, mask=n < N_K, other=1.0)
+        kd = tl.load(kd_ptr + n // K_SB, mask=n < N_K, other=1.0)
         qk = qk * kd[None, :]  # the per-key factor first; f_i then scales whole rows
         f = row_factor
     if ROW_SCALAR:  # one factor for the whole tile (a scalar): broadcasts as it is
@@ -174,225 +142,200 @@ def _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K,
 
 
 @triton.jit
-def _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, N_K,
-                 BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr, EMULATE_CAST: tl.constexpr,
-                 ROW_SCALAR: tl.constexpr, SHIFT: tl.constexpr, P_FP16: tl.constexpr):
-    """The online softmax of an unmasked tile, rescaling on every tile (the module docstring's
-    loop body up to the P V dot). Returns fp8(P_ij) (P_FP16: the same values held as fp16, which
-    represents every e4m3 number exactly), the factor o_scale (BLOCK_M,) by which O must be
-    multiplied before fp8(P_ij) V8_j is added (alpha, times u_old / dv_j when V has a descale per
-    block), and the new l, m and u."""
-    qk, f, f_rows = _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K, BLOCK_N, K_SB, ROW_SCALAR)
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
-    p = tl.math.exp2(qk * f_rows - (m_new - SHIFT)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new), one FMA
-    alpha = tl.math.exp2(m_i - m_new)  # exp2(m - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
-    if EMULATE_CAST:
-        p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
-    if V_SB == 0:
-        o_scale = alpha
-    else:  # keep O in units of V_j's descale
-        vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
-        o_scale = alpha * (v_unit / vd)
-        v_unit = vd
-    if P_FP16:
-        p8 = p.to(tl.float16)
-    else:
-        p8 = p.to(tl.float8e4nv)  # fp8(P_ij): round to nearest even
-    return p8, o_scale, l_i, m_new, v_unit
-
-
-@triton.jit
-def _fold_fp8(
-    acc, l_i, m_i, v_unit, qk, v, row_factor,  # running state; raw scores Q8_i K8_j^T (BLOCK_M, BLOCK_N); V8_j
-    kd_ptr, vd_ptr, stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
-    BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, ROW_SCALAR: tl.constexpr,
-    SHIFT: tl.constexpr, THETA: tl.constexpr,
-):
-    """Fold key tile j (keys n = start_n + [0, BLOCK_N)) into (acc, l_i, m_i, v_unit): the online
-    softmax of the module docstring, then fp8(P_ij) V8_j on the tensor cores. Interior tiles that
-    rescale on every tile take _softmax_fp8; masked tiles and conditional rescaling follow here."""
-    if not MASKED and THETA < 0:
-        p8, o_scale, l_i, m_new, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb,
-                                                       stride_vdb, start_n, n, N_K, BLOCK_N, K_SB, V_SB, EMULATE_CAST,
-                                                       ROW_SCALAR, SHIFT, False)
-        acc = acc * o_scale[:, None]  # O = alpha O ...
-        return tl.dot(p8, v, acc), l_i, m_new, v_unit  # ... + fp8(P_ij) V8_j, fp8 x fp8, fp32 accumulator
-    qk, f, f_rows = _tile_factor(qk, row_factor, kd_ptr, stride_kdb, start_n, n, N_K, BLOCK_N, K_SB, ROW_SCALAR)
-    if MASKED:  # the few boundary tiles form S and mask it (safe even for a zero descale)
+def _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, start_n, n, offs_m, N_K, causal_offset,
+                 BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr, MASKED: tl.constexpr,
+                 CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, ROW_SCALAR: tl.constexpr):
+    """One online-softmax step for key tile j (keys n = start_n + [0, BLOCK_N)): the module
+    docstring's loop body up to the P V dot. Returns P_ij (fp32, on e4m3's grid when
+    EMULATE_CAST), the factor o_scale (BLOCK_M,) that O is multiplied by before fp8(P_ij) V8_j
+    is added (alpha, times u / dv_j when V has a descale per block), and the new l, m and u.
+    MASKED tiles (the causal diagonal, the ragged end of N_k) form S and mask it."""
+    qk, f, f_rows = _tile_factor(qk, row_factor, kd_ptr, start_n, n, N_K, BLOCK_N, K_SB, ROW_SCALAR)
+    if MASKED:
         visible = n[None, :] < N_K
         if CAUSAL:
             visible = visible & (n[None, :] <= offs_m[:, None] + causal_offset)
         s = tl.where(visible, qk * f_rows, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # m_new = max(m, rowmax(S_ij))
-    else:  # interior tiles: descales are positive, so rowmax(qk f) = f rowmax(qk)
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
-    if THETA >= 0:
-        # Conditional rescaling (FlashAttention-4, chapter 7): m_i is a reference max that moves
-        # only when some row of the tile rose above it by more than THETA; then P <= 2^(SHIFT+THETA)
-        # = 2^8 still. Any reference gives the same O / l (both carry the same exp2(-m_ref)); most
-        # tiles skip the BLOCK_M x d multiplications of O. One decision for the whole tile.
-        rise = tl.max(m_new - tl.maximum(m_i, -3.0e38), 0)  # largest rise over the rows (from -inf: huge)
-        if rise > THETA:
-            m_to = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing stays at 0
-            alpha = tl.math.exp2(m_i - m_to)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        m_new = m_i  # the state carries the reference max
-        m_ref = tl.where(m_i == float("-inf"), 0.0, m_i) if MASKED else m_i
-    else:  # masked tile, rescaled: m_i is the running max
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing: exp2 -> 0, not NaN
-        alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new): the rescale factor
-        l_i = l_i * alpha
-        if V_SB == 0:
-            acc = acc * alpha[:, None]  # O = alpha O ...
-    if MASKED:
-        p = tl.math.exp2(s - (m_ref - SHIFT)[:, None])  # P_ij = 2^SHIFT exp2(S_ij - m_ref) <= 2^8 (P_SHIFT)
-    else:
-        p = tl.math.exp2(qk * f_rows - (m_ref - SHIFT)[:, None])  # the same P_ij, one FMA per score
-    l_i = l_i + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
+        p = tl.math.exp2(s - (m_ref - _SHIFT)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new)
+    else:  # every key visible; descales are positive, so rowmax(qk f) = f rowmax(qk)
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * f)  # m_new = max(m, rowmax(S_ij))
+        m_ref = m_new
+        p = tl.math.exp2(qk * f_rows - (m_ref - _SHIFT)[:, None])  # P_ij = 2^8 exp2(S_ij - m_new), one FMA
+    alpha = tl.math.exp2(m_i - m_ref)  # exp2(m - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij), before rounding
     if EMULATE_CAST:
         p = round_e4m3(p)  # the interpreter's own cast rounds carries wrongly
-    p8 = p.to(tl.float8e4nv)  # fp8(P_ij): round to nearest even
-    if V_SB != 0:  # V_j has its own descale dv_j: keep O in units of it
-        vd = tl.load(vd_ptr + (start_n // V_SB) * stride_vdb)
-        if THETA >= 0:  # O = (u / dv_j) O: a multiplication per tile after all
-            acc = acc * (v_unit / vd)
-        else:  # O = alpha (u / dv_j) O ...
-            acc = acc * (alpha * (v_unit / vd))[:, None]
+    if V_SB == 0:  # one dv for every key: applied once, at the end
+        o_scale = alpha
+    else:  # keep O in units of V_j's descale dv_j
+        vd = tl.load(vd_ptr + start_n // V_SB)
+        o_scale = alpha * (v_unit / vd)
         v_unit = vd
-    acc = tl.dot(p8, v, acc)  # ... + fp8(P_ij) V8_j, fp8 x fp8 with the fp32 accumulator
-    return acc, l_i, m_new, v_unit
+    return p, o_scale, l_i, m_new, v_unit
 
 
 @triton.jit
-def _in_registers(x):
-    """x (fp8) through an opaque register copy. Triton reads a dot operand that comes straight from
-    a load out of shared memory; one that an instruction produced, it reads from registers, as
-    it does P. For Q this frees BLOCK_M x d bytes of shared memory for the whole program, which
-    lets two programs of pipeline="pv" (one more V buffer) share an SM. GPU only (inline PTX).
-    Only pipeline="pv" uses it: in the plain loop it gained nothing beyond run-to-run variation,
-    and beside rescale_threshold's branch it gave wrong answers on the H200 (results/fp8_qregs_h200)."""
-    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.uint8,
-                                     is_pure=True, pack=4).to(tl.float8e4nv, bitcast=True)
-
-
-@triton.jit
-def _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n_ok, d_ok,
-            MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
-    """K8_j^T (BLOCK_D, BLOCK_N) for keys start_n + [0, BLOCK_N): through TMA, whole rows of the
-    (Z*H*N_K, d) view (rows past N_K belong to the next head; S masks them), or through pointers
-    (_common.load_k_tile). Kept in fp8: fp8 loads and dots are exact under the interpreter."""
+def _k_tile(K, k_at, start_n, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
+    """K8_j^T (BLOCK_D, BLOCK_N) for keys start_n + [0, BLOCK_N). TMA: K is a descriptor of the
+    (Z*H*N_K, d) view and k_at this head's first row; whole rows are read (rows past N_K belong
+    to the next head; S masks them). Otherwise K points at K_0^T's tile and k_at is the stride
+    between keys; loads are masked by the key bound n_ok where MASKED and by the head dimension
+    d_ok where it is padded. Kept in fp8: fp8 loads and dots are exact under the interpreter."""
     if TMA:
-        k = desc_k.load([k_row0 + start_n, 0]).T
+        k = K.load([k_at + start_n, 0]).T
+    elif MASKED:
+        k = tl.load(K + start_n * k_at, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+    elif PADDED_D:
+        k = tl.load(K + start_n * k_at, mask=d_ok[:, None], other=0.0)
     else:
-        k = load_k_tile(k_ptrs + start_n * stride_kn, n_ok, d_ok, MASKED, PADDED_D, False)
+        k = tl.load(K + start_n * k_at)
     return k
 
 
 @triton.jit
-def _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, n_ok, d_ok,
-            MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
-    """V8_j (BLOCK_N, BLOCK_D) for keys start_n + [0, BLOCK_N): through TMA, columns of the
-    keys-contiguous (Z*H*d, N_K) view (columns past N_K are zero-filled), or through pointers."""
+def _v_tile(V, v_at, start_n, n_ok, d_ok, MASKED: tl.constexpr, PADDED_D: tl.constexpr, TMA: tl.constexpr):
+    """V8_j (BLOCK_N, BLOCK_D) for keys start_n + [0, BLOCK_N). TMA: V is a descriptor of the
+    keys-contiguous (Z*H*d, N_K) view and v_at this head's first row (columns past N_K are
+    zero-filled). Otherwise V points at V_0's tile and v_at is the stride between keys."""
     if TMA:
-        v = desc_v.load([v_row0, start_n]).T
+        v = V.load([v_at, start_n]).T
+    elif MASKED:
+        v = tl.load(V + start_n * v_at, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    elif PADDED_D:
+        v = tl.load(V + start_n * v_at, mask=d_ok[None, :], other=0.0)
     else:
-        v = load_v_tile(v_ptrs + start_n * stride_vn, n_ok, d_ok, MASKED, PADDED_D, False)
+        v = tl.load(V + start_n * v_at)
     return v
 
 
 @triton.jit
 def _attend_fp8(
-    acc, l_i, m_i, v_unit, q, row_factor,  # running state; Q8_i; r_i = scale * log2(e) * dq_i: (BLOCK_M,) or a scalar
-    k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
-    desc_k, desc_v, k_row0, v_row0,  # TMA: descriptors and this head's first row in each view
-    offs_m, offs_n, offs_d, lo, hi, N_K, causal_offset,
-    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    K_SB: tl.constexpr, V_SB: tl.constexpr,
+    acc, l_i, m_i, v_unit, q, row_factor,  # running state; Q8_i; r_i: (BLOCK_M,) or a scalar
+    K, V, k_at, v_at, kd_ptr, vd_ptr,  # K, V tiles (see _k_tile); this head's descales
+    offs_m, lo, hi, N_K, causal_offset,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EMULATE_CAST: tl.constexpr, TMA: tl.constexpr,
-    PIPELINE: tl.constexpr, ROW_SCALAR: tl.constexpr, SHIFT: tl.constexpr, THETA: tl.constexpr,
+    ROW_SCALAR: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i, v_unit). MASKED blocks check key bounds
-    (and the causal diagonal); unmasked ones are known to be fully visible.
-
-    PIPELINE (unmasked blocks only): FlashAttention-3's intra-warpgroup overlap (§3.2) in
-    software, which lets one tile's exponentials run while the tensor cores work.
-    1: the scores of block j+1 are asked of the tensor cores *before* block j's softmax; the price
-    is a second (BLOCK_M, BLOCK_N) tile of scores in registers (and Triton waits for that dot at once).
-    2: block j's P V is issued *after* block j+1's scores, and runs during block j+1's softmax;
-    fp8(P_j) waits one iteration in registers (as fp16, which holds every e4m3 value exactly)."""
-    d_ok = offs_d < D_HEAD
+    (and the causal diagonal); unmasked ones are known to be fully visible."""
+    d_ok = tl.arange(0, BLOCK_D) < D_HEAD
     PADDED_D: tl.constexpr = BLOCK_D != D_HEAD
-    if PIPELINE == 1 and not MASKED:
-        if lo < hi:
-            qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, lo, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
-            for start_n in tl.range(lo, hi - BLOCK_N, BLOCK_N):
-                # issued now, needed only in the next iteration: overlaps the softmax below
-                qk_next = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, start_n + BLOCK_N, stride_kn, offs_n, d_ok,
-                                            False, PADDED_D, TMA))
-                v = _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
-                acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
-                                                  stride_kdb, stride_vdb, start_n, start_n + offs_n, offs_m, N_K,
-                                                  causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR, SHIFT, THETA)
-                qk = qk_next
-            last = hi - BLOCK_N  # the final block's scores are already in qk
-            v = _v_tile(v_ptrs, desc_v, v_row0, last, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
-            acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
-                                              stride_kdb, stride_vdb, last, last + offs_n, offs_m, N_K,
-                                              causal_offset, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, ROW_SCALAR, SHIFT, THETA)
-    elif PIPELINE == 2 and not MASKED and THETA < 0:
-        if lo < hi:  # the first tile's softmax; its P V is added in the first iteration below
-            qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, lo, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
-            p8, o_scale, l_i, m_i, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, stride_kdb,
-                                                         stride_vdb, lo, lo + offs_n, N_K, BLOCK_N, K_SB, V_SB,
-                                                         EMULATE_CAST, ROW_SCALAR, SHIFT, True)
-            for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
-                qk = tl.dot(q, _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, offs_n, d_ok, False, PADDED_D, TMA))
-                # the previous tile's O = o_scale O + fp8(P) V, issued after this tile's scores: the
-                # P V dot runs on the tensor cores while this tile's exponentials run below
-                acc = acc * o_scale[:, None]
-                v = _v_tile(v_ptrs, desc_v, v_row0, start_n - BLOCK_N, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
-                acc = tl.dot(p8.to(tl.float8e4nv), v, acc)
-                p8, o_scale, l_i, m_i, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr,
-                                                             stride_kdb, stride_vdb, start_n, start_n + offs_n, N_K,
-                                                             BLOCK_N, K_SB, V_SB, EMULATE_CAST, ROW_SCALAR, SHIFT, True)
-            acc = acc * o_scale[:, None]
-            v = _v_tile(v_ptrs, desc_v, v_row0, hi - BLOCK_N, stride_vn, offs_n, d_ok, False, PADDED_D, TMA)
-            acc = tl.dot(p8.to(tl.float8e4nv), v, acc)  # the last tile's P V
-    else:
-        for start_n in tl.range(lo, hi, BLOCK_N):
-            n = start_n + offs_n  # (BLOCK_N,) key indices
-            k = _k_tile(k_ptrs, desc_k, k_row0, start_n, stride_kn, n < N_K, d_ok, MASKED, PADDED_D, TMA)
-            v = _v_tile(v_ptrs, desc_v, v_row0, start_n, stride_vn, n < N_K, d_ok, MASKED, PADDED_D, TMA)
-            qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
-            acc, l_i, m_i, v_unit = _fold_fp8(acc, l_i, m_i, v_unit, qk, v, row_factor, kd_ptr, vd_ptr,
-                                              stride_kdb, stride_vdb, start_n, n, offs_m, N_K, causal_offset,
-                                              BLOCK_N, K_SB, V_SB, MASKED, CAUSAL, EMULATE_CAST, ROW_SCALAR, SHIFT, THETA)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key indices
+        k = _k_tile(K, k_at, start_n, n < N_K, d_ok, MASKED, PADDED_D, TMA)
+        v = _v_tile(V, v_at, start_n, n < N_K, d_ok, MASKED, PADDED_D, TMA)
+        qk = tl.dot(q, k)  # Q8_i K8_j^T: fp8 x fp8 on the tensor cores, fp32 accumulator
+        p, o_scale, l_i, m_i, v_unit = _softmax_fp8(l_i, m_i, v_unit, qk, row_factor, kd_ptr, vd_ptr, start_n, n,
+                                                    offs_m, N_K, causal_offset, BLOCK_N, K_SB, V_SB, MASKED,
+                                                    CAUSAL, EMULATE_CAST, ROW_SCALAR)
+        acc = acc * o_scale[:, None]  # O = alpha (u / dv_j) O ...
+        acc = tl.dot(p.to(tl.float8e4nv), v, acc)  # ... + fp8(P_ij) V8_j: round to nearest even, fp8 x fp8
     return acc, l_i, m_i, v_unit
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA", "PIPELINE", "THETA", "Q_REGS"],
+@triton.jit
+def _descale_row(D, strides, off_z, off_h):
+    """This (batch, head)'s row of a descale tensor (Z, H, nb) with ``strides``."""
+    return D + off_z * strides[0] + off_h * strides[1]
+
+
+@triton.jit
+def _query_tile(Q, q_strides, off_z, off_h, off_zh, start_m, N_Q,
+                D_HEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, TMA_Q: tl.constexpr):
+    """Q8_i (BLOCK_M, BLOCK_D), which stays on chip for the whole key loop. TMA_Q: Q is a
+    descriptor of the (Z*H*N_Q, d) view; rows past N_Q (the next head's, or zero-filled) give
+    rows that the store leaves out. Otherwise a masked pointer load."""
+    if TMA_Q:
+        q = Q.load([off_zh * N_Q + start_m * BLOCK_M, 0])
+    else:
+        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        q_ptrs = Q + off_z * q_strides[0] + off_h * q_strides[1] + offs_m[:, None] * q_strides[2] \
+            + offs_d[None, :] * q_strides[3]
+        q = tl.load(q_ptrs, mask=(offs_m < N_Q)[:, None] & (offs_d < D_HEAD)[None, :], other=0.0)
+    return q
+
+
+@triton.jit
+def _factors(QD, KD, VD, descale_strides, off_z, off_h, start_m, N_Q, qk_scale,
+             Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The descales of this program: r_i = scale * log2(e) * dq_i (times dk when K has one
+    descale per head), this head's rows of K's and V's descales, and the initial u.
+
+    r_i is a scalar when the whole query tile shares one descale (Q_SB = 0 or a multiple of
+    BLOCK_M), which holds no register per row; else a (BLOCK_M,) gather."""
+    qd_ptr = _descale_row(QD, descale_strides[0], off_z, off_h)
+    kd_ptr = _descale_row(KD, descale_strides[1], off_z, off_h)
+    vd_ptr = _descale_row(VD, descale_strides[2], off_z, off_h)
+    if Q_SB == 0:
+        row_factor = qk_scale * tl.load(qd_ptr)
+    elif Q_SB % BLOCK_M == 0:
+        row_factor = qk_scale * tl.load(qd_ptr + start_m * BLOCK_M // Q_SB)
+    else:
+        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_factor = qk_scale * tl.load(qd_ptr + offs_m // Q_SB, mask=offs_m < N_Q, other=1.0)
+    if K_SB == 0:
+        row_factor = row_factor * tl.load(kd_ptr)  # one dk for every key
+    if V_SB == 0:
+        v_unit = tl.load(vd_ptr)  # one dv for every key: applied once, at the end
+    else:
+        v_unit = tl.load(vd_ptr) * 0.0 + 1.0  # replaced by the first tile's dv (fp32 scalar)
+    return row_factor, kd_ptr, vd_ptr, v_unit
+
+
+@triton.jit
+def _store_o(O, o_strides, acc, l_i, v_unit, off_z, off_h, start_m, N_Q,
+             D_HEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels). Rows
+    that saw no key (causal with N_Q > N_K) have l = 0: output 0."""
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    acc = acc * (v_unit / l_safe)[:, None]
+    o_ptrs = O + off_z * o_strides[0] + off_h * o_strides[1] + offs_m[:, None] * o_strides[2] \
+        + offs_d[None, :] * o_strides[3]
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=(offs_m < N_Q)[:, None] & (offs_d < D_HEAD)[None, :])
+
+
+@triton.jit
+def _key_tiles(K, V, k_strides, v_strides, off_z, off_h, off_zh, N_K,
+               D_HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr):
+    """(K, V, k_at, v_at) as _k_tile and _v_tile take them: the descriptors and this head's
+    first row in each view (TMA), or pointers to K_0^T's and V_0's tiles and the strides between
+    keys."""
+    if TMA:
+        k_src = K
+        v_src = V
+        k_at = off_zh * N_K  # row of K_0 in the (Z*H*N_K, d) view
+        v_at = off_zh * D_HEAD  # row of V^T's first dimension in the (Z*H*d, N_K) view
+    else:
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        k_src = K + off_z * k_strides[0] + off_h * k_strides[1] + offs_n[None, :] * k_strides[2] \
+            + offs_d[:, None] * k_strides[3]
+        v_src = V + off_z * v_strides[0] + off_h * v_strides[1] + offs_n[:, None] * v_strides[2] \
+            + offs_d[None, :] * v_strides[3]
+        k_at = k_strides[2]
+        v_at = v_strides[2]
+    return k_src, v_src, k_at, v_at
+
+
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "Q_SB", "K_SB", "V_SB", "TMA"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _fp8_forward_kernel(
-    Q, K, V, O, QD, KD, VD,  # Q, K, V fp8 (Z, H, N, d) any strides; O (Z, H, N_Q, d); descales fp32 (Z, H, nb)
-    DESC_Q, DESC_K, DESC_V,  # TMA: descriptors of Q as (Z*H*N_Q, d), K as (Z*H*N_K, d) and V's memory as (Z*H*d, N_K)
-    stride_qz, stride_qh, stride_qm, stride_qd,
-    stride_kz, stride_kh, stride_kn, stride_kd,
-    stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_oz, stride_oh, stride_om, stride_od,
-    stride_qdz, stride_qdh, stride_qdb,
-    stride_kdz, stride_kdh, stride_kdb,
-    stride_vdz, stride_vdh, stride_vdb,
+    Q, K, V, O,  # fp8 (Z, H, N, d), any strides, or (TMA) descriptors (see _query_tile, _k_tile); O (Z, H, N_Q, d)
+    QD, KD, VD,  # descales, fp32 (Z, H, nb)
+    q_strides, k_strides, v_strides, o_strides,  # each (batch, head, row, d)
+    descale_strides,  # (QD's, KD's, VD's), each (batch, head, block)
     H, N_Q, N_K, qk_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
     Q_SB: tl.constexpr, K_SB: tl.constexpr, V_SB: tl.constexpr,  # rows per descale; 0: one per (batch, head)
-    EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr, EVEN_N: tl.constexpr,
-    PIPELINE: tl.constexpr, SHIFT: tl.constexpr, THETA: tl.constexpr,  # P = 2^SHIFT exp2(S - m); THETA < 0: rescale always
-    Q_REGS: tl.constexpr,  # Q as a register operand (pipeline="pv" on a GPU)
+    EMULATE_CAST: tl.constexpr, TMA: tl.constexpr, TMA_Q: tl.constexpr,
+    EVEN_N: tl.constexpr,  # no causal mask and N_K a multiple of every BLOCK_N: no masked key block
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -400,43 +343,14 @@ def _fp8_forward_kernel(
     off_z = off_zh // H
     off_h = off_zh % H
     causal_offset = N_K - N_Q  # bottom-right alignment
-
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)  # head dim padded to a power of two; loads masked to D_HEAD
-    d_ok = offs_d < D_HEAD
-    row_ok = offs_m < N_Q
 
-    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    k_ptrs = K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    qd_ptr = QD + off_z * stride_qdz + off_h * stride_qdh
-    kd_ptr = KD + off_z * stride_kdz + off_h * stride_kdh
-    vd_ptr = VD + off_z * stride_vdz + off_h * stride_vdh
-
-    if TMA_Q:  # rows past N_Q (the next head's, or zero-filled) give rows the store leaves out
-        q = DESC_Q.load([off_zh * N_Q + start_m * BLOCK_M, 0])  # Q8_i stays on chip
-    else:
-        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if Q_REGS:  # Q8_i in registers (16 a thread) instead of shared memory (see _in_registers)
-        q = _in_registers(q)
-    # r_i = scale * log2(e) * dq_i, one factor per query row: a scalar when the whole query tile
-    # shares one descale (the default blocks of 128 rows), which holds no register per row.
-    # (This, Q through TMA and the single loop of EVEN_N came with the warp-specialisation attempt of
-    # chapter 6; they stayed because the recorded H200 measurements were made with them.)
-    ROW_SCALAR: tl.constexpr = Q_SB == 0 or Q_SB % BLOCK_M == 0
-    if Q_SB == 0:
-        row_factor = qk_scale * tl.load(qd_ptr)
-    elif Q_SB % BLOCK_M == 0:
-        row_factor = qk_scale * tl.load(qd_ptr + (start_m * BLOCK_M // Q_SB) * stride_qdb)
-    else:
-        row_factor = qk_scale * tl.load(qd_ptr + (offs_m // Q_SB) * stride_qdb, mask=row_ok, other=1.0)
-    if K_SB == 0:
-        row_factor = row_factor * tl.load(kd_ptr)  # one dk for every key
-    if V_SB == 0:
-        v_unit = tl.load(vd_ptr)  # one dv for every key: applied once, at the end
-    else:
-        v_unit = tl.load(vd_ptr) * 0.0 + 1.0  # replaced by the first tile's dv (fp32 scalar)
+    q = _query_tile(Q, q_strides, off_z, off_h, off_zh, start_m, N_Q, D_HEAD, BLOCK_M, BLOCK_D, TMA_Q)
+    row_factor, kd_ptr, vd_ptr, v_unit = _factors(QD, KD, VD, descale_strides, off_z, off_h, start_m, N_Q, qk_scale,
+                                                  Q_SB, K_SB, V_SB, BLOCK_M)
+    ROW_SCALAR: tl.constexpr = Q_SB == 0 or Q_SB % BLOCK_M == 0  # r_i is one scalar
+    k_src, v_src, k_at, v_at = _key_tiles(K, V, k_strides, v_strides, off_z, off_h, off_zh, N_K,
+                                          D_HEAD, BLOCK_N, BLOCK_D, TMA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -444,26 +358,14 @@ def _fp8_forward_kernel(
 
     # Which key blocks to visit (_common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
     lo, hi = causal_range_tl(start_m, BLOCK_M, N_Q, N_K, BLOCK_N, CAUSAL)
-    k_row0 = off_zh * N_K  # TMA: row of K_0 in the (Z*H*N_K, d) view
-    v_row0 = off_zh * D_HEAD  # TMA: row of V^T's first dimension in the (Z*H*d, N_K) view
-    acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
-                                        k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
-                                        DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, 0, lo, N_K, causal_offset,
-                                        D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, False, CAUSAL, EMULATE_CAST, TMA, PIPELINE, ROW_SCALAR, SHIFT, THETA)
-    if not EVEN_N:  # EVEN_N (no causal mask, N_K a multiple of 128): every key block is whole, one loop
-        acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor,
-                                            k_ptrs, v_ptrs, kd_ptr, vd_ptr, stride_kn, stride_vn, stride_kdb, stride_vdb,
-                                            DESC_K, DESC_V, k_row0, v_row0, offs_m, offs_n, offs_d, lo, hi, N_K,
-                                            causal_offset, D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB, True, CAUSAL, EMULATE_CAST,
-                                            TMA, False, ROW_SCALAR, SHIFT, THETA)
-
-    # O = O * u / l: dequantises V and divides by the row sum (the 2^8 of P cancels).
-    # Rows that saw no key (causal with N_Q > N_K) have l = 0: output 0.
-    seen = l_i > 0
-    l_safe = tl.where(seen, l_i, 1.0)
-    acc = acc * (v_unit / l_safe)[:, None]
-    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor, k_src, v_src, k_at, v_at, kd_ptr,
+                                        vd_ptr, offs_m, 0, lo, N_K, causal_offset, D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB,
+                                        False, CAUSAL, EMULATE_CAST, TMA, ROW_SCALAR)
+    if not EVEN_N:
+        acc, l_i, m_i, v_unit = _attend_fp8(acc, l_i, m_i, v_unit, q, row_factor, k_src, v_src, k_at, v_at, kd_ptr,
+                                            vd_ptr, offs_m, lo, hi, N_K, causal_offset, D_HEAD, BLOCK_D, BLOCK_N, K_SB, V_SB,
+                                            True, CAUSAL, EMULATE_CAST, TMA, ROW_SCALAR)
+    _store_o(O, o_strides, acc, l_i, v_unit, off_z, off_h, start_m, N_Q, D_HEAD, BLOCK_M, BLOCK_D)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -549,7 +451,8 @@ def rotate(q: torch.Tensor, k: torch.Tensor, seed: int = 0) -> tuple[torch.Tenso
 
 
 def _n_contiguous(v: torch.Tensor) -> torch.Tensor:
-    """The same (B, H, N, d) values stored as (B, H, d, N): keys contiguous (see V's layout)."""
+    """The same (B, H, N, d) values stored as (B, H, d, N): keys contiguous, the layout the fp8
+    P V dot wants (see :func:`flash_attention_fp8`), as the Triton tutorial stores V for fp8."""
     return v.transpose(-2, -1).contiguous().transpose(-2, -1)
 
 
@@ -633,48 +536,48 @@ def flash_attention_fp8(
     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
-    tma: bool | None = None, pipeline: bool | str = False, rescale_threshold: float | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
     Parameters
     ----------
-    q : float8_e4m3fn (B, H, N_q, d); k, v : float8_e4m3fn (B, H, N_k, d), any strides (V best
-        stored keys-contiguous, see the module docstring); d <= 256.
+    q : float8_e4m3fn (B, H, N_q, d); k, v : float8_e4m3fn (B, H, N_k, d), any strides; d <= 256.
+        V is best stored keys-contiguous, as :func:`quantize_qkv` returns it: on Hopper an fp8
+        wgmma reads its B operand from shared memory in K-major order only, and for O = P V the
+        reduction runs over keys. A (B, H, N, d) V with d contiguous gives the same answer,
+        more slowly.
     causal : mask keys after the query, aligned bottom-right when N_q != N_k.
     scale : softmax scale, default 1/sqrt(d).
     q_descale, k_descale, v_descale : float32 (B, H, ceil(N / block)), or (B, H, 1) when the
         block is None; None means 1 (the fp8 values are the true values). Positive, as
         :func:`quantize_fp8` makes them (amax / 448, or 1 for an all-zero block): the kernel
         takes rowmax(qk · descale) as descale · rowmax(qk).
-    q_block, k_block, v_block : rows per descale (None: one per batch and head). v_block must be
-        a multiple of the kernel's BLOCK_N (64 or 128 on a GPU, 16 under the interpreter).
+    q_block, k_block, v_block : rows per descale (None: one per batch and head). The blocks need
+        not match the kernel's tiles: Q's descale is one scalar per program when q_block is a
+        multiple of BLOCK_M, else one per row; K's one scalar per key tile when k_block is a
+        multiple of BLOCK_N, else one per key. v_block must be a multiple of BLOCK_N (64 or 128
+        on a GPU, 16 under the interpreter): V's descale cannot scale P's columns before the fp8
+        cast, so the kernel keeps O in units of the current tile's descale u and rescales it by
+        u_old / u_new together with alpha.
     out_dtype : bfloat16 (default), float16 or float32.
-    config : (BLOCK_M, BLOCK_N, warps, stages) to bypass autotuning (tests).
-    tma : read K and V through tensor descriptors: None (default) when :func:`fp8_tma_eligible`,
-        True to require it, False for pointer loads.
-    pipeline : FlashAttention-3's intra-warpgroup overlap (§3.2) written in Triton, two ways.
-        "qk" (or True): issue the next key tile's Q K^T before this tile's softmax; slower on the
-        H200 with Triton 3.6, which waits for that dot right after issuing it (results/fp8_tiles_h200).
-        "pv": issue this tile's P V after the next tile's Q K^T, so that it runs on the tensor
-        cores during the next tile's softmax; Triton keeps that dot in flight because its result
-        only accumulates. P waits one iteration in registers as fp16 (exact for P's fp8 values),
-        and on a GPU Q moves to registers to make room for a fourth V buffer. Not faster on the
-        H200 (results/fp8_pipeline_h200; chapter 6). False (default): neither.
-    rescale_threshold : theta in log2 units, 0 <= theta <= 8, or None (default: rescale O on
-        every key tile). With theta, FlashAttention-4's conditional rescaling (chapter 7): O and l
-        are rescaled only when some row's max rose by more than theta since the last rescale, and
-        P = 2^(8 - theta) exp2(S - m_ref) stays <= 2^8. Exact in real arithmetic; in FP8, P's
-        smallest entries lose theta bits of range, and a row's largest P is no longer exactly
-        2^8 (a power of two, exact in e4m3). Saves multiplications only when V has one descale
-        per batch and head (v_block None); slower on the H200 all the same, since the tile-wide
-        decision costs a reduction across warps with two barriers (results/fp8_rescale_h200).
-
-    There is no warp-specialisation switch: with Triton 3.6 the warp-specialised form of this
-    loop deadlocked on the H200 (results/fp8_ws_h200; chapter 6).
+    config : (BLOCK_M, BLOCK_N, warps, stages[, max registers]) to bypass autotuning.
+    tma : read K and V through tensor descriptors (and Q, when contiguous): None (default) when
+        :func:`fp8_tma_eligible`, True to require it, False for pointer loads.
 
     Returns o (B, H, N_q, d) in ``out_dtype``.
     """
+    return launch_fp8(_fp8_forward_kernel, q, k, v, causal, scale, q_descale, k_descale, v_descale, q_block=q_block,
+                      k_block=k_block, v_block=v_block, out_dtype=out_dtype, config=config, tma=tma)
+
+
+def launch_fp8(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+               q_descale: torch.Tensor | None, k_descale: torch.Tensor | None, v_descale: torch.Tensor | None, *,
+               q_block: int | None, k_block: int | None, v_block: int | None, out_dtype: torch.dtype,
+               config: Candidate | None, tma: bool | None, **constexprs) -> torch.Tensor:
+    """Check the arguments of :func:`flash_attention_fp8` and launch ``kernel`` (the autotuned
+    :func:`_fp8_forward_kernel`, or a @triton.jit kernel with its parameters and ``constexprs``
+    beside them, which then needs ``config``) on them. Returns o."""
     _check_fp8_inputs(q, k, v)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
@@ -683,7 +586,6 @@ def flash_attention_fp8(
     scale = check_scale(scale, D)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    schedule = loop_constexprs(pipeline, rescale_threshold)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32; got {out_dtype}")
     q_block, k_block, v_block = (_check_block(n, b) for n, b in (("q_block", q_block), ("k_block", k_block),
@@ -712,53 +614,34 @@ def flash_attention_fp8(
     widest = config[1] if config is not None else max(c.kwargs["BLOCK_N"] for c in _CONFIGS)
     even_n = not causal and N_K % widest == 0
     tma_q = use_tma and q.is_contiguous() and q.data_ptr() % 16 == 0
-    desc_q, desc_k, desc_v = q, k, v  # unused placeholders unless TMA
+    q_src, k_src, v_src = q, k, v
     if use_tma:  # block shapes follow the configuration (the autotuner's pre-hook sets them per config)
         bm, bn = (config[0], config[1]) if config is not None else (16, 16)
-        desc_k = TensorDescriptor.from_tensor(k.view(-1, D), [bn, block_d])
-        desc_v = TensorDescriptor.from_tensor(v.transpose(-2, -1).view(-1, N_K), [block_d, bn])
+        k_src = TensorDescriptor.from_tensor(k.view(-1, D), [bn, block_d])  # K as (Z*H*N_K, d) rows
+        v_src = TensorDescriptor.from_tensor(v.transpose(-2, -1).view(-1, N_K), [block_d, bn])  # V^T: (Z*H*d, N_K)
         if tma_q:
-            desc_q = TensorDescriptor.from_tensor(q.view(-1, D), [bm, block_d])
-    grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), B * H)
-    kernel = _fp8_forward_kernel if config is None else _fp8_forward_kernel.fn
+            q_src = TensorDescriptor.from_tensor(q.view(-1, D), [bm, block_d])  # Q as (Z*H*N_Q, d) rows
+    grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), B * H)  # noqa: E731
+    if config is not None and isinstance(kernel, triton.runtime.Autotuner):
+        kernel = kernel.fn  # the jit function under the autotuner: one explicit configuration
     kernel[grid](
-        q, k, v, o, qd, kd, vd, desc_q, desc_k, desc_v,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *qd.stride(), *kd.stride(), *vd.stride(),
+        q_src, k_src, v_src, o, qd, kd, vd, q.stride(), k.stride(), v.stride(), o.stride(),
+        (qd.stride(), kd.stride(), vd.stride()),
         H, N_Q, N_K, scale * LOG2E,  # scale * log2(e): scores in log2 units
-        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal,
-        Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0, EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q,
-        EVEN_N=even_n, **schedule, **launch_options(config),
+        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, Q_SB=q_block or 0, K_SB=k_block or 0, V_SB=v_block or 0,
+        EMULATE_CAST=INTERPRET, TMA=use_tma, TMA_Q=tma_q, EVEN_N=even_n, **constexprs, **launch_options(config),
     )
     return o
-
-
-def loop_constexprs(pipeline: bool | str, rescale_threshold: float | None,
-                     interpret: bool = INTERPRET) -> dict[str, object]:
-    """The key loop's compile-time switches for ``pipeline`` and ``rescale_threshold`` as
-    :func:`flash_attention_fp8` takes them (checked here): PIPELINE (0 plain, 1 scores early,
-    2 P V late), SHIFT (P = 2^SHIFT exp2(S - m_ref), P_SHIFT less the threshold), THETA (< 0:
-    rescale on every tile) and Q_REGS (Q as a register operand, only with P V late on a GPU).
-    :mod:`flashlab.lab.compile_report` compiles the kernel with the same switches."""
-    if not (isinstance(pipeline, bool) or isinstance(pipeline, str) and pipeline in ("qk", "pv")):
-        raise ValueError(f"pipeline must be False, True, 'qk' or 'pv'; got {pipeline!r}")
-    mode = {False: 0, True: 1, "qk": 1, "pv": 2}[pipeline]
-    theta = check_rescale_threshold(rescale_threshold, P_SHIFT, f"P <= 2^{P_SHIFT:g} must stay in e4m3's range")
-    if mode == 2 and theta is not None:
-        raise ValueError("pipeline='pv' rescales O on every tile; it cannot be combined with rescale_threshold "
-                         f"(got {rescale_threshold!r})")
-    theta = -1.0 if theta is None else theta
-    return {"PIPELINE": mode, "SHIFT": P_SHIFT - max(theta, 0.0), "THETA": theta, "Q_REGS": mode == 2 and not interpret}
 
 
 def flash_attention_fp8_from(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None, *,
     block: int | None = 128, hadamard: bool = False, seed: int = 0, out_dtype: torch.dtype | None = None,
-    config: Candidate | None = None, v_block: int | None | str = "same", rescale_threshold: float | None = None,
+    config: Candidate | None = None, v_block: int | None | str = "same",
 ) -> torch.Tensor:
     """FP8 attention of bf16/fp16/fp32 inputs (B, H, N, d): quantise (per ``block`` rows, None: per
     batch and head; ``v_block`` for V if different; ``hadamard``: rotate q and k first, d a power
-    of two; see :func:`quantize_qkv`), then :func:`flash_attention_fp8` (``rescale_threshold``
-    there). Output in ``out_dtype``, default q's dtype (bfloat16 for float32)."""
+    of two; see :func:`quantize_qkv`), then :func:`flash_attention_fp8`. Output in ``out_dtype``, default q's dtype (bfloat16 for float32)."""
     layout = "(batch, heads, seq_len, head_dim)"
     check_tensors(q, layout, k=(k, layout), v=(v, layout))
     if k.shape != v.shape:
@@ -767,5 +650,5 @@ def flash_attention_fp8_from(
     if out_dtype is None:
         out_dtype = q.dtype if q.dtype != torch.float32 else torch.bfloat16
     return flash_attention_fp8(**quantize_qkv(q, k, v, block, hadamard, seed, v_block=v_block), causal=causal,
-                               scale=scale, out_dtype=out_dtype, config=config, rescale_threshold=rescale_threshold)
+                               scale=scale, out_dtype=out_dtype, config=config)
 

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from flashlab.lab.experiments import measure_case, ms, record, require_gpu
+from flashlab.lab.measure import paper_shape
+from flashlab.reference.naive import attention_flops
 
-TOKENS = 16384  # B * N
-HEADS_X_D = 2048  # H * d
 NS = (1024, 2048, 4096, 8192, 16384)
 DS = (128, 64)
 BLOCK = 128  # rows per descale: one kernel tile of queries, one or two of keys
@@ -48,8 +48,7 @@ METHODS = {  # name -> (block, hadamard, v_block); None: bf16
 
 
 def _flops(B: int, H: int, N: int, d: int, causal: bool) -> float:
-    f = 4.0 * B * H * N * N * d
-    return f / 2 if causal else f
+    return attention_flops(N, N, d, causal=causal, batch=B * H)
 
 
 def _impls(q, k, v, pre: dict, causal: bool) -> dict:
@@ -73,7 +72,7 @@ def bench_rows() -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     jobs = [(d, n) for d in DS for n in NS]
     for i, (d, n) in enumerate(jobs, 1):
-        B, H = TOKENS // n, HEADS_X_D // d
+        B, H = paper_shape(n, d)
         g = torch.Generator(device="cpu").manual_seed(0)
         q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
         pre = quantize_qkv(q, k, v, block=BLOCK)
@@ -160,7 +159,8 @@ def _config_columns(config: tuple[int, ...]) -> dict[str, object]:
 
 def _shape_columns(n: int) -> dict[str, object]:
     """d, N, B, H of the timed inputs at sequence length n (see :func:`_inputs`)."""
-    return {"d": 128, "N": n, "B": TOKENS // n, "H": HEADS_X_D // 128}
+    B, H = paper_shape(n, 128)
+    return {"d": 128, "N": n, "B": B, "H": H}
 
 
 def _tile_row(config: tuple[int, ...], block: int | None, n: int, path: str, pipeline: bool) -> dict[str, object]:
@@ -188,10 +188,11 @@ def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: 
                pipeline: bool = False, timed: bool = False) -> dict[str, object]:
     """One FP8 forward (d = 128, non-causal, B·N = 16k tokens) with a fixed tile configuration,
     descale blocks of ``block`` rows, one load path ("pointer" or "tma") and the
-    software-pipelined key loop on or off; timed if asked.
+    software-pipelined key loop (the lab variant's pipeline="qk") on or off; timed if asked.
     ``config=None``: flashlab's bf16 forward as users get it (autotuned, its default loads)."""
     from flashlab.kernels import flash_attention
     from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
+    from flashlab.lab.variants.fp8_schedules import flash_attention_fp8_scheduled
 
     q, k, v = _inputs(n)
     if config is None:
@@ -200,7 +201,10 @@ def _tile_case(config: tuple[int, ...] | None, block: int | None, n: int, path: 
                **dict.fromkeys(("BLOCK_M", "BLOCK_N", "warps", "stages", "maxnreg", "block", "path", "pipeline"), "")}
     else:
         pre = quantize_qkv(q, k, v, block=block)
-        fn = lambda: flash_attention_fp8(**pre, config=config, tma=path == "tma", pipeline=pipeline)  # noqa: E731
+        if pipeline:
+            fn = lambda: flash_attention_fp8_scheduled(**pre, config=config, tma=path == "tma", pipeline=pipeline)  # noqa: E731
+        else:
+            fn = lambda: flash_attention_fp8(**pre, config=config, tma=path == "tma")  # noqa: E731
         row = _tile_row(config, block, n, path, pipeline)
     return _measure(row, q, k, v, fn, timed)
 
@@ -241,7 +245,7 @@ def tiles(out: Path, timeout: float = 50.0) -> list[Path]:
     return _sweep("fp8_tiles", "flashlab.lab.experiments.fp8:_variant_rows", jobs, out, timeout)
 
 
-# Variants of the FP8 kernel's keyword options, each ((BLOCK_M, BLOCK_N, warps, stages[, register cap]),
+# Variants of the FP8 kernel's key-loop schedule (flashlab.lab.variants.fp8_schedules), each ((BLOCK_M, BLOCK_N, warps, stages[, register cap]),
 # v_block, options), all with Q and K per block of 128 rows and TMA loads; v_block None is one V descale
 # per (batch, head), as FlashAttention-3 scales V. RESCALE_VARIANTS (:func:`rescaling`): FlashAttention-4's
 # conditional rescaling (rescale_threshold), which can skip O's rescale only when V has one descale.
@@ -274,14 +278,16 @@ def _option_row(config: tuple[int, ...], v_block: int | None, options: dict, n: 
 
 
 def _option_rows(config, v_block: int | None, options: dict) -> list[dict[str, object]]:
-    """One variant at every TILE_NS, timed (run in its own process by :func:`_sweep`)."""
-    from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
+    """One variant at every TILE_NS, timed (run in its own process by :func:`_sweep`), through
+    the lab variant :mod:`flashlab.lab.variants.fp8_schedules`, which takes ``options``."""
+    from flashlab.kernels.fp8 import quantize_qkv
+    from flashlab.lab.variants.fp8_schedules import flash_attention_fp8_scheduled
 
     rows = []
     for n in TILE_NS:
         q, k, v = _inputs(n)
         pre = quantize_qkv(q, k, v, block=BLOCK, v_block=v_block)
-        fn = lambda: flash_attention_fp8(**pre, config=config, **options)  # noqa: E731
+        fn = lambda: flash_attention_fp8_scheduled(**pre, config=config, **options)  # noqa: E731
         rows.append(_measure(_option_row(config, v_block, options, n), q, k, v, fn))
     return rows
 
