@@ -1,6 +1,6 @@
 """The FA4 forward variants (flashlab/kernels/fa4.py): software exp2 and conditional rescaling.
 
-Bounds (DESIGN.md, tolerance policy):
+Bounds (the tolerance policy):
 - fp16/bf16 outputs: max error against the float64 reference at most 2x that of plain PyTorch
   attention in the same precision, plus 1e-5 (the flash-attn rule, as tests/test_kernels.py).
   The cubic's relative error (8.6e-5) is far below P's rounding to bf16 (3.9e-3) or fp16 (4.9e-4),

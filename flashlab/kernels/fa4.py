@@ -37,11 +37,11 @@ skipping with the same [0, lo) unmasked / [lo, hi) masked ranges). Two things ch
    so poly_fraction is realised as 1/2^s: 1, 1/2, 1/4, 1/8 (0.1 -> 1/8), or 0 (no split).
    In Hopper's wgmma accumulator layout a thread holds columns 8g .. 8g + 7 (two of them)
    for every g, so cutting at a column bit >= 3 only regroups each thread's own registers:
-   no data moves, and MUFU.EX2 really runs on (1 - 1/2^s) of the elements. Seen on the lent
-   H200 (triton 3.6, 128 x 128 tiles, 8 warps): MUFU.EX2 in the SASS 132 / 116 / 100 / 68 / 4
-   for fractions 0, 1/8, 1/4, 1/2, 1 (128 per tile, the 4 left are the rescale factors alpha),
-   the same shared-memory stores, and the joined P reaches the P V wgmma without a
-   convert_layout. (Faster it is not, there: Hopper's MUFU is not the bottleneck of this kernel.)
+   no data moves, and MUFU.EX2 really runs on (1 - 1/2^s) of the elements. Compiled for sm_90
+   (triton 3.6, 128 x 128 tiles, 8 warps): MUFU.EX2 in the SASS 132 / 116 / 100 / 68 / 4 for
+   fractions 0, 1/8, 1/4, 1/2, 1 (128 per tile, the 4 left are the rescale factors alpha), the
+   same shared-memory stores, and the joined P reaches the P V wgmma without a convert_layout.
+   On Hopper it is not faster: the MUFU is not this kernel's bottleneck (chapter 7).
 
 2. Conditional rescaling (条件重缩放). A reference max m_ref per row replaces the running max;
    the tile moves it only when some row's block max exceeds it by more than theta (log2 units):
@@ -225,8 +225,8 @@ def fa4_step(acc, l_i, m_i, count, qk, v, qk_scale, theta,
 @triton.jit
 def _attend_fa4(
     acc, l_i, m_i, count, q,
-    k_ptrs, v_ptrs, stride_kn, stride_vn,
-    offs_m, offs_n, offs_d, lo, hi, qk_scale, theta, N_K, causal_offset,
+    k_ptrs, v_ptrs, stride_kn, stride_vn,  # K_0^T's and V_0's tiles, the strides between keys
+    offs_m, lo, hi, qk_scale, theta, N_K, causal_offset,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     COND: tl.constexpr, STATS: tl.constexpr, POLY_SHIFT: tl.constexpr,
@@ -235,9 +235,9 @@ def _attend_fa4(
     """Fold key blocks [lo, hi) into the state, as forward.py's _attend."""
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
-    d_ok = offs_d < D_HEAD
+    d_ok = tl.arange(0, BLOCK_D) < D_HEAD
     for start_n in range(lo, hi, BLOCK_N):
-        n = start_n + offs_n
+        n = start_n + tl.arange(0, BLOCK_N)
         k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, UPCAST)  # K_j^T, V_j
         if IEEE:
             qk = tl.dot(q, k, input_precision="ieee")
@@ -260,10 +260,7 @@ def _attend_fa4(
 @triton.jit
 def _fa4_kernel(
     Q, K, V, O, COUNT,  # COUNT (Z, H, cdiv(N_Q, BLOCK_M)) int32: rescales per program
-    stride_qz, stride_qh, stride_qm, stride_qd,
-    stride_kz, stride_kh, stride_kn, stride_kd,
-    stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_oz, stride_oh, stride_om, stride_od,
+    q_strides, k_strides, v_strides, o_strides,  # each (batch, head, row, d)
     H, GROUP, N_Q, N_K, qk_scale, theta,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     COND: tl.constexpr, STATS: tl.constexpr, POLY_SHIFT: tl.constexpr,
@@ -283,9 +280,12 @@ def _fa4_kernel(
     d_ok = offs_d < D_HEAD
     row_ok = offs_m < N_Q
 
-    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    q_ptrs = Q + off_z * q_strides[0] + off_h * q_strides[1] + offs_m[:, None] * q_strides[2] \
+        + offs_d[None, :] * q_strides[3]
+    k_ptrs = K + off_z * k_strides[0] + off_hkv * k_strides[1] + offs_n[None, :] * k_strides[2] \
+        + offs_d[:, None] * k_strides[3]  # K_0^T (BLOCK_D, BLOCK_N)
+    v_ptrs = V + off_z * v_strides[0] + off_hkv * v_strides[1] + offs_n[:, None] * v_strides[2] \
+        + offs_d[None, :] * v_strides[3]  # V_0 (BLOCK_N, BLOCK_D)
 
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
@@ -297,19 +297,20 @@ def _fa4_kernel(
 
     # Which key blocks to visit (_common.causal_key_range): [0, lo) unmasked, [lo, hi) masked.
     lo, hi = causal_range_tl(start_m, BLOCK_M, N_Q, N_K, BLOCK_N, CAUSAL)
-    acc, l_i, m_i, count = _attend_fa4(acc, l_i, m_i, count, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                       offs_m, offs_n, offs_d, 0, lo, qk_scale, theta, N_K, causal_offset,
+    acc, l_i, m_i, count = _attend_fa4(acc, l_i, m_i, count, q, k_ptrs, v_ptrs, k_strides[2], v_strides[2],
+                                       offs_m, 0, lo, qk_scale, theta, N_K, causal_offset,
                                        D_HEAD, BLOCK_D, BLOCK_M, BLOCK_N, False, CAUSAL, UPCAST, IEEE,
                                        COND, STATS, POLY_SHIFT, C1, C2, C3)
-    acc, l_i, m_i, count = _attend_fa4(acc, l_i, m_i, count, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                       offs_m, offs_n, offs_d, lo, hi, qk_scale, theta, N_K, causal_offset,
+    acc, l_i, m_i, count = _attend_fa4(acc, l_i, m_i, count, q, k_ptrs, v_ptrs, k_strides[2], v_strides[2],
+                                       offs_m, lo, hi, qk_scale, theta, N_K, causal_offset,
                                        D_HEAD, BLOCK_D, BLOCK_M, BLOCK_N, True, CAUSAL, UPCAST, IEEE,
                                        COND, STATS, POLY_SHIFT, C1, C2, C3)
 
     seen = l_i > 0  # rows that saw no key (causal, N_Q > N_K): output 0
     l_safe = tl.where(seen, l_i, 1.0)
     acc = acc / l_safe[:, None]  # O = diag(l)^-1 O, once: exact for any m_ref
-    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    o_ptrs = O + off_z * o_strides[0] + off_h * o_strides[1] + offs_m[:, None] * o_strides[2] \
+        + offs_d[None, :] * o_strides[3]
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if COND or STATS:
         tl.store(COUNT + off_zh * tl.num_programs(0) + start_m, count)
@@ -335,8 +336,7 @@ def fa4_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     grid = lambda meta: (triton.cdiv(N_Q, meta["BLOCK_M"]), Z * H)  # noqa: E731
     kernel = _fa4_kernel if config is None else _fa4_kernel.fn
     compiled = kernel[grid](
-        q, k, v, o, counts,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        q, k, v, o, counts, q.stride(), k.stride(), v.stride(), o.stride(),
         H, H // H_KV, N_Q, N_K, scale * LOG2E, float(rescale_threshold) if cond else 0.0,
         D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32,
         COND=cond, STATS=bool(stats), POLY_SHIFT=shift, C1=_C1, C2=_C2, C3=_C3,

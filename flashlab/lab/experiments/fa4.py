@@ -30,16 +30,15 @@ from pathlib import Path
 import torch
 
 from flashlab.lab.experiments import ms, record, require_gpu
+from flashlab.lab.measure import paper_shape
+from flashlab.reference.naive import attention_flops
 
-# (BLOCK_M, BLOCK_N, warps, stages) of the fa4 variant, per head dimension. Measured on the lent
-# H200 (triton 3.6, bf16, N = 16384, non-causal, poly 0): d = 128 at 128x128x8x3 is within 2 % of
-# the autotuned base kernel; d = 64 at 128x64x8x3 matches it (the base's own pick), where
-# 128x128x8x3 was 16 % slower.
+# (BLOCK_M, BLOCK_N, warps, stages) of the fa4 variant, per head dimension. On an H200 (triton 3.6,
+# bf16, N = 16384, non-causal, poly 0): d = 128 at 128x128x8x3 is within 2 % of the autotuned base
+# kernel; d = 64 at 128x64x8x3 matches it (the base's own pick), where 128x128x8x3 is 16 % slower.
 CONFIGS: dict[int, tuple[int, int, int, int]] = {128: (128, 128, 8, 3), 64: (128, 64, 8, 3)}
 POLY_FRACTIONS = (0.0, 0.1, 0.25, 0.5)
 THRESHOLD = 8.0
-TOKENS = 16384  # B * N
-WIDTH = 2048  # H * d
 
 
 def _compile_facts(compiled) -> dict[str, object]:
@@ -88,15 +87,14 @@ def run(out: Path) -> list[Path]:
     t0 = time.perf_counter()
     rows: list[dict[str, object]] = []
     for d in (128, 64):
-        H = WIDTH // d
         cfg = CONFIGS[d]
         scale = d**-0.5
         for N in (4096, 16384):
-            B = TOKENS // N
+            B, H = paper_shape(N, d)
             g = torch.Generator(device="cuda").manual_seed(N + d)
             q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
             for causal in (False, True):
-                flops = 4.0 * B * H * N * N * d * (0.5 if causal else 1.0)
+                flops = attention_flops(N, N, d, causal=causal, batch=B * H)
                 with torch.no_grad():
                     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                                            is_causal=causal)
