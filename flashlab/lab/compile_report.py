@@ -5,9 +5,10 @@ specialisation and the instruction mix of the key loop, for Hopper (sm_90).
 
 Triton compiles for a GPU it is not running on when it is given the target: here
 ``GPUTarget("cuda", 90, 32)``, an H100/H200. This module builds the argument types of
-flashlab's bf16 forward (:mod:`flashlab.kernels.forward`) and FP8 forward
-(:mod:`flashlab.kernels.fp8`) as their launchers would, compiles one configuration, and reads
-the result three ways:
+flashlab's bf16 forward (:mod:`flashlab.kernels.forward`), FP8 forward
+(:mod:`flashlab.kernels.fp8`, and its lab variant :mod:`flashlab.lab.variants.fp8_schedules`)
+and FA4-style forward (:mod:`flashlab.kernels.fa4`) as their launchers would, compiles one
+configuration, and reads the result three ways:
 
 * the cubin's resource usage (``cuobjdump -res-usage``, shipped with Triton): registers per
   thread and stack bytes, where spilled registers go;
@@ -23,8 +24,8 @@ memory (227 KB for one program); a program of ``warps`` warps with ``regs`` regi
 needs ``32 * warps * regs`` of them, so ``65536 // (32 * warps * regs)`` programs fit by registers
 (ignoring the allocation granularity), and a cap (``maxnreg``) can raise that number.
 
-The numbers depend on the Triton version (``triton`` in the record's provenance): the lent H200
-runs Triton 3.6, and ``make test`` installs whatever Triton the project pins.
+The numbers depend on the Triton version (``triton`` in the record's provenance), and
+``make test`` installs whatever Triton the project pins.
 
 Glossary: register = 寄存器; spill = 溢出 (to local memory, 本地内存); shared memory = 共享内存;
 SASS = the GPU's machine code (机器码); opcode = 操作码; occupancy = 占用率 (programs per SM).
@@ -46,10 +47,11 @@ __all__ = ["CASES", "compile_case", "loop_mix", "main", "report"]
 TARGET_ARCH = 90  # Hopper: H100, H200
 REGISTERS_PER_SM = 65536
 SHARED_PER_SM = 228 * 1024
+KERNELS = ("forward", "fp8", "fa4")
 OPCODES = ("HGMMA", "QGMMA", "MUFU", "FMUL", "FFMA", "FADD", "FMNMX", "F2FP", "SHFL", "LDL", "STL")
 
 # (kernel, (BLOCK_M, BLOCK_N, warps, stages[, maxnreg]), d, options) compiled by main(): the
-# configurations chapters 6 and 8 discuss.
+# configurations chapters 6 and 8 discuss (options: see compile_case).
 CASES: list[tuple[str, tuple[int, ...], int, dict]] = [
     ("forward", (128, 128, 8, 3), 128, {"tma": True}),
     ("forward", (128, 128, 8, 3), 128, {"tma": True, "warp_specialize": True}),
@@ -78,36 +80,55 @@ def _tools() -> Path:
 
 
 def _signature(fn, pointers: dict[str, str], descriptors: dict[str, str], scalars: dict[str, str],
-               constexprs: dict[str, object]) -> tuple[dict, dict]:
-    """Types of every argument, and the 16-byte alignment the launcher would assume for pointers."""
-    sig, attrs = {}, {}
+               constexprs: dict[str, object]) -> tuple[dict, dict, dict]:
+    """Types of every argument of ``fn`` as its launcher would pass them: the signature, the
+    constexprs (by argument name, or by (argument, element) for tuples) and the 16-byte alignment
+    assumed for pointers and strides. A tuple of strides (an argument named ``*_strides``: batch,
+    head, row, d) has a unit stride along d, which the launcher specialises as a constant; every
+    other stride is a multiple of 16 in the cases compiled here. Unnamed scalars are int32."""
+    sig, attrs, consts = {}, {}, {}
+    div16 = [["tt.divisibility", 16]]
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
+            consts[name] = constexprs[name]
         elif name in pointers:
             sig[name] = pointers[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[(i,)] = div16
         elif name in descriptors:
             sig[name] = descriptors[name]
+        elif name == "descale_strides":  # three (batch, head, block) tuples, the blocks contiguous
+            sig[name] = (("i32", "i32", "constexpr"),) * 3
+            consts.update({(i, t, 2): 1 for t in range(3)})
+            attrs.update({(i, t, j): div16 for t in range(3) for j in range(2)})
+        elif name.endswith("_strides"):
+            sig[name] = ("i32", "i32", "i32", "constexpr")
+            consts[(i, 3)] = 1
+            attrs.update({(i, j): div16 for j in range(3)})
         else:
             sig[name] = scalars.get(name, "i32")
-            if name.startswith("stride"):  # the suite's strides are multiples of 16
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, attrs
+            if name.startswith("stride"):
+                attrs[(i,)] = div16
+    return sig, consts, attrs
 
 
 def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
-    """Compile one configuration of ``kernel`` ("forward": bf16; "fp8": e4m3 with Q and K descales
-    per block of 128 rows) for sm_90, non-causal, N a multiple of the tiles, TMA loads for K and V
-    (and Q in the FP8 kernel). options: tma, warp_specialize (forward); pipeline (False, "qk" or
-    "pv"), rescale_threshold (None or theta) and v_block (128 or None: one V descale per head) as
-    flash_attention_fp8 takes them (fp8). Returns Triton's CompiledKernel."""
+    """Compile one configuration of ``kernel`` for sm_90, non-causal, N a multiple of the tiles.
+
+    "forward": bf16, options tma (default True) and warp_specialize. "fp8": e4m3 with Q and K
+    descales per block of 128 rows, TMA loads of Q, K and V; options v_block (128 or None: one V
+    descale per head), and pipeline (False, "qk" or "pv") and rescale_threshold (None or theta),
+    which compile the lab variant :mod:`flashlab.lab.variants.fp8_schedules` with the switches
+    :func:`~flashlab.lab.variants.fp8_schedules.schedule_constexprs` derives from them (the
+    teaching kernel :mod:`flashlab.kernels.fp8` when neither is set). "fa4": bf16, options
+    poly_fraction and rescale_threshold as :func:`flashlab.kernels.fa4.flash_attention_fa4`
+    takes them. Returns Triton's CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if kernel not in ("forward", "fp8"):
-        raise ValueError(f"kernel must be 'forward' or 'fp8'; got {kernel!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_report needs Triton's compiler, but TRITON_INTERPRET is set (the kernels are "
                            "interpreted functions then); run it in a process without TRITON_INTERPRET")
@@ -123,25 +144,37 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
         cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, WINDOW=False, VARLEN=False, PER_HEAD=False, UPCAST=False,
                   IEEE=False, WS=bool(options.get("warp_specialize", False)), TMA=tma, BLOCK_M=bm, BLOCK_N=bn,
                   stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1)
-        sig, attrs = _signature(fn, pointers, {"DESC_K": desc, "DESC_V": desc} if tma else {},
-                                {"qk_scale": "fp32"}, cx)
-        if not tma:
-            sig.update(DESC_K="*bf16", DESC_V="*bf16")
+        descriptors = {"DESC_K": desc, "DESC_V": desc} if tma else {"DESC_K": "*bf16", "DESC_V": "*bf16"}
+        scalars = {"qk_scale": "fp32"}
     elif kernel == "fp8":
         from flashlab.kernels import fp8 as k8
+        from flashlab.lab.variants import fp8_schedules
 
-        fn = k8._fp8_forward_kernel.fn
-        pointers = {n: "*fp8e4nv" for n in ("Q", "K", "V")} | {"O": "*bf16"} | {n: "*fp32" for n in ("QD", "KD", "VD")}
-        descriptors = {"DESC_Q": f"tensordesc<fp8e4nv[{bm}, {d}]>", "DESC_K": f"tensordesc<fp8e4nv[{bn}, {d}]>",
-                       "DESC_V": f"tensordesc<fp8e4nv[{d}, {bn}]>"}
-        schedule = k8.loop_constexprs(options.get("pipeline", False), options.get("rescale_threshold"), interpret=False)
+        pipeline, theta = options.get("pipeline", False), options.get("rescale_threshold")
+        scheduled = bool(pipeline) or theta is not None
+        fn = fp8_schedules._fp8_scheduled_kernel if scheduled else k8._fp8_forward_kernel.fn
+        pointers = {"O": "*bf16"} | {n: "*fp32" for n in ("QD", "KD", "VD")}
+        descriptors = {"Q": f"tensordesc<fp8e4nv[{bm}, {d}]>", "K": f"tensordesc<fp8e4nv[{bn}, {d}]>",
+                       "V": f"tensordesc<fp8e4nv[{d}, {bn}]>"}
         cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, Q_SB=128, K_SB=128, V_SB=options.get("v_block", 128) or 0,
-                  EMULATE_CAST=False, TMA=True, TMA_Q=True, EVEN_N=True, **schedule, BLOCK_M=bm, BLOCK_N=bn,
-                  stride_qd=1, stride_kd=1, stride_vn=1, stride_od=1, stride_qdb=1, stride_kdb=1, stride_vdb=1)
-        sig, attrs = _signature(fn, pointers, descriptors, {"qk_scale": "fp32"}, cx)
+                  EMULATE_CAST=False, TMA=True, TMA_Q=True, EVEN_N=True, BLOCK_M=bm, BLOCK_N=bn)
+        if scheduled:
+            cx.update(fp8_schedules.schedule_constexprs(pipeline, theta))
+        scalars = {"qk_scale": "fp32"}
     else:
-        raise ValueError(f"kernel must be 'forward' or 'fp8'; got {kernel!r}")
-    src = ASTSource(fn, sig, cx, attrs)
+        from flashlab.kernels import fa4 as k4
+
+        fn = k4._fa4_kernel.fn
+        theta = options.get("rescale_threshold")
+        pointers = {n: "*bf16" for n in ("Q", "K", "V", "O")} | {"COUNT": "*i32"}
+        descriptors = {}
+        cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, UPCAST=False, IEEE=False, COND=theta is not None, STATS=False,
+                  POLY_SHIFT=k4.poly_shift(options.get("poly_fraction", 0.0)), C1=k4._C1, C2=k4._C2, C3=k4._C3,
+                  BLOCK_M=bm, BLOCK_N=bn, stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1)
+        scalars = {"qk_scale": "fp32", "theta": "fp32"}
+    cx = {k: v for k, v in cx.items() if k in fn.arg_names}  # strides the kernel takes as tuples are typed there
+    sig, consts, attrs = _signature(fn, pointers, descriptors, scalars, cx)
+    src = ASTSource(fn, sig, consts, attrs)
     return triton.compile(src, target=GPUTarget("cuda", TARGET_ARCH, 32),
                           options=dict(num_warps=warps, num_stages=stages, **extra))
 
