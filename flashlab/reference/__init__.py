@@ -2,10 +2,15 @@
 
 Float64 by default. One module per idea:
 
+- :mod:`.common`  — input checks, the softmax scale, the causal mask, block ranges, LOG2E
 - :mod:`.softmax` — softmax, online softmax and its (m, l, o_tilde) state
 - :mod:`.naive`   — standard attention with S and P materialised, and its backward
 - :mod:`.flash1`  — FlashAttention v1 (Algorithm 1 forward, Algorithm 4 backward by recomputation)
 - :mod:`.flash2`  — FlashAttention-2 (Q-block outer loop, deferred normalisation, lse; Algorithms 1-2)
+- :mod:`.counting` — the non-matmul operations of v1 and v2, counted while they run
+- :mod:`.fp8`     — FP8 rounding, block scaling, incoherent processing (FlashAttention-3)
+- :mod:`.softexp` — exp2 from a polynomial and bit tricks (FlashAttention-4)
+- :mod:`.rescale` — online softmax with conditional rescaling (FlashAttention-4)
 - :mod:`.beyond`  — causal block skipping, sliding window, GQA/MQA, variable length, split-KV
                    decoding (flash-decoding), paged KV cache
 """

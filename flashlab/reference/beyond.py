@@ -63,7 +63,7 @@ import math
 import numpy as np
 
 from .._validate import as_float_array, positive_int
-from .common import _check_qkv, _scale, block_ranges, causal_mask
+from .common import _check_head_dim, _check_qkv, _scale, block_ranges, causal_mask
 from .naive import attention_flops
 from .softmax import OnlineSoftmaxState
 
@@ -144,10 +144,7 @@ def _check_gqa(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     q = as_float_array("q", q, np.float64, min_ndim=3)
     k = as_float_array("k", k, np.float64, min_ndim=3)
     v = as_float_array("v", v, np.float64, min_ndim=3)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same head dimension d (last axis); got q.shape={q.shape}, k.shape={k.shape}"
-        )
+    _check_head_dim(q, k)
     if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
             f"k and v must agree on (..., H_kv, N_k) (all axes but the last); got k.shape={k.shape}, v.shape={v.shape}"

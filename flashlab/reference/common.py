@@ -21,14 +21,20 @@ LOG2E = 1.0 / math.log(2.0)  # log2(e) = 1 / ln 2: e^s = 2^(s * log2 e)
 BlockRange = tuple[int, int]  # (start, stop) of one block of rows or keys
 
 
-def _check_qkv(q, k, v, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    q = as_float_array("q", q, dtype, min_ndim=2)
-    k = as_float_array("k", k, dtype, min_ndim=2)
-    v = as_float_array("v", v, dtype, min_ndim=2)
+def _check_head_dim(q: np.ndarray, k: np.ndarray) -> None:
+    """Q K^T needs q (..., N_q, d) and k (..., N_k, d) to share d."""
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q and k must have the same head dimension d (last axis); got q.shape={q.shape}, k.shape={k.shape}"
         )
+
+
+def _check_qkv(q, k, v, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q (..., N_q, d), k (..., N_k, d), v (..., N_k, d_v) as float arrays of ``dtype``."""
+    q = as_float_array("q", q, dtype, min_ndim=2)
+    k = as_float_array("k", k, dtype, min_ndim=2)
+    v = as_float_array("v", v, dtype, min_ndim=2)
+    _check_head_dim(q, k)
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"k and v must have the same number of keys N_k (second-to-last axis); "
@@ -55,6 +61,7 @@ def _check_output_like(q: np.ndarray, v: np.ndarray, dtype=np.float64, **arrays)
 
 
 def _scale(scale: float | None, d: int) -> float:
+    """The softmax scale tau: ``scale`` if given (a positive number), else 1/sqrt(d)."""
     return 1.0 / math.sqrt(d) if scale is None else positive_float("scale", scale)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import as_float_array
-from .common import _check_output_like, _check_qkv, _scale, causal_mask
+from .common import _check_head_dim, _check_output_like, _check_qkv, _scale, causal_mask
 from .softmax import softmax
 
 __all__ = ["attention", "attention_backward", "scores", "causal_mask", "attention_flops"]
@@ -33,10 +33,7 @@ def scores(q, k, causal: bool = False, scale: float | None = None, dtype=np.floa
     """S = Q K^T * scale, shape (..., N_q, N_k); masked entries are -inf."""
     q = as_float_array("q", q, dtype, min_ndim=2)
     k = as_float_array("k", k, dtype, min_ndim=2)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same head dimension d (last axis); got q.shape={q.shape}, k.shape={k.shape}"
-        )
+    _check_head_dim(q, k)
     s = (q @ np.swapaxes(k, -1, -2)) * _scale(scale, q.shape[-1])  # (..., N_q, N_k)
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
