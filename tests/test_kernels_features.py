@@ -1,5 +1,5 @@
-"""Sliding windows, variable-length batches, the v1 grid and the atomic-dQ backward of the
-Triton kernels, against float64 references (tolerance rule of tests/test_kernels.py: max error
+"""Sliding windows, variable-length batches, the atomic-dQ backward of the Triton kernels and
+the forward's lab schedules (the v1 grid, warp specialisation), against float64 references (tolerance rule of tests/test_kernels.py: max error
 at most twice that of plain PyTorch attention in the same low precision, plus 1e-5; fp32 with
 IEEE dots: 1e-5 relative to the largest reference value).
 
@@ -19,6 +19,7 @@ from hypothesis import given, settings, strategies as st
 from flashlab.kernels import INTERPRET, flash_attention, flash_attention_varlen
 from flashlab.kernels._common import visible_range, window_bounds
 from flashlab.kernels.forward import forward, tma_eligible
+from flashlab.lab.variants import forward_schedules
 from flashlab.reference import attention_varlen, window_mask
 from tiers import DEVICE, GPU, SIZE, needs_gpu, runs_somewhere
 
@@ -122,24 +123,38 @@ def test_atomic_dq_backward(causal, window):
     check_window(37 * SIZE, 37 * SIZE, 64, causal, window, torch.float16, deterministic=False)
 
 
-# --------------------------------------------------------------- the v1 grid (chapter 5)
+# --------------------------------------------------------------- lab schedules of the forward (chapters 5, 6)
 @runs_somewhere
 @pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (7, 2))])
-def test_v1_grid_gives_the_same_bits(causal, window):
-    """One program per head looping over its query blocks computes exactly what the v2 grid
-    computes: the same blocks, the same order of operations inside each block."""
+@pytest.mark.parametrize("grid, warp_specialize", [("v1", False), ("v2", True), ("v1", True)])
+def test_forward_schedules_give_the_same_bits(causal, window, grid, warp_specialize):
+    """One program per head looping over its query blocks (v1), or a warp-specialised key loop,
+    computes exactly what the teaching kernel computes: the same blocks, the same order of
+    operations inside each block."""
     g = torch.Generator(device="cpu").manual_seed(1)
     q, k, v = (torch.randn(2, 3, 43 * SIZE, 32, generator=g).to(DEVICE).to(torch.float16) for _ in range(3))
     config = (16, 16, 4, 1) if INTERPRET else (64, 64, 4, 3)
-    o2, lse2 = forward(q, k, v, causal, 0.2, config, window=window, grid="v2")
-    o1, lse1 = forward(q, k, v, causal, 0.2, config, window=window, grid="v1")
+    o2, lse2 = forward(q, k, v, causal, 0.2, config, window=window)
+    o1, lse1 = forward_schedules.forward(q, k, v, causal, 0.2, config, window=window, grid=grid,
+                                         warp_specialize=warp_specialize, tma=False)
     assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+
+
+def test_warp_specialized_block_is_the_teaching_block_with_another_key_loop():
+    """The variant's query-block function runs the teaching kernel's source with only _attend rebound."""
+    fn = forward_schedules._forward_block_warp_specialized.fn
+    teaching = getattr(forward_schedules.kf._forward_block, "fn", forward_schedules.kf._forward_block)
+    assert fn.__code__ is teaching.__code__
+    assert fn.__globals__["_attend"] is forward_schedules._attend_warp_specialized
+    assert teaching.__globals__["_attend"] is forward_schedules.kf._attend
 
 
 def test_bad_grid_and_window():
     q = torch.zeros(1, 1, 4, 8)
     with pytest.raises(ValueError, match="grid must be 'v1' or 'v2'"):
-        forward(q, q, q, False, 1.0, grid="v3")
+        forward_schedules.forward(q, q, q, False, 1.0, (16, 16, 4, 1), grid="v3")
+    with pytest.raises(ValueError, match="config must be"):
+        forward_schedules.forward(q, q, q, False, 1.0, None)
     for bad in [(3,), (1, -2), (1.5, 2), "left"]:
         with pytest.raises(ValueError, match="window must be None or a pair"):
             flash_attention(q, q, q, window=bad)

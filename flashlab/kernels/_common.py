@@ -1,14 +1,6 @@
-"""What the forward and backward kernels share: the interpreter switch, autotune
-configurations, and the block ranges of causal block skipping.
-
-Causal masking is aligned bottom-right (as in flash-attn): query row i may see key j
-iff j <= i + (N_k - N_q). For a query block starting at row m0 the keys split into
-
-    [0, lo)     blocks every row of the block sees entirely   -> no mask needed
-    [lo, hi)    blocks on the diagonal (and the ragged tail)   -> masked
-    [hi, N_k)   blocks no row of the block sees                -> never loaded
-
-which is how the kernels skip the upper triangle.
+"""What the kernels share: the interpreter switch, autotune configurations, the dot precision,
+stride lists, input checks, and the key-block ranges of causal and sliding-window block
+skipping (:func:`visible_range`).
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 AUTOTUNE = os.environ.get("FLASHLAB_AUTOTUNE", "1") != "0"
 
 
-
 def _no_bench(kernel_call, quantiles=None) -> list[float]:
     """A stand-in for the autotuner's timer: times nothing, runs nothing."""
     return [0.0, 0.0, 0.0]
@@ -40,6 +31,19 @@ AUTOTUNE_OPTIONS: dict = {} if AUTOTUNE else {"do_bench": _no_bench}
 
 LOG2E = 1.4426950408889634  # 1/ln 2: exp(x) = exp2(x * log2(e))
 LN2 = 0.6931471805599453
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input_precision for inputs of ``dtype``: "ieee" for float32 (the teaching path,
+    exact to fp32 rounding), "tf32" otherwise (Triton's default; 16-bit operands ignore it)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def strides_of(t: torch.Tensor, varlen: bool, dims: int) -> tuple[int, ...]:
+    """The first ``dims`` strides of a (batch, head, row, d) tensor. Packed varlen input is one
+    (1, H, total, d) "batch" whose sequences are found through cu_seqlens: batch stride 0."""
+    strides = t.stride()[:dims]
+    return (0, *strides[1:]) if varlen else tuple(strides)
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), optionally with a fifth entry: a register cap per
@@ -94,17 +98,13 @@ def causal_key_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: in
         [lo, hi)    the diagonal, and the ragged last key block: masked
         [hi, n_k)   no row of the block sees these keys: skipped
 
-    ``hi`` is one past the last key the block's last (real) row sees; ``lo`` is the first row's
-    last visible key plus one, rounded down to a multiple of ``block_n`` and at most the
-    end of the last full key block. The Triton kernels (``_forward_kernel`` in forward.py,
-    the dQ kernel in backward.py) compute the same ranges through :func:`visible_range_tl`, the
-    general banded form (causal = a window unbounded on the left with right edge 0). Pure Python,
-    for teaching and tests.
+    The causal case of :func:`visible_range` (a band unbounded on the left, right edge 0), whose
+    lines the kernels compute with :func:`visible_range_tl`. Pure Python, for teaching and tests.
     """
+    left, right = window_bounds(True, None, n_q, n_k)
     causal_offset = n_k - n_q  # bottom-right alignment
-    full_n = (n_k // block_n) * block_n  # end of the last full key block
-    hi = min(max(min(start_m * block_m + block_m, n_q) + causal_offset, 0), n_k)
-    lo = min((max(start_m * block_m + causal_offset + 1, 0) // block_n) * block_n, full_n)
+    _, _, lo, hi = visible_range(start_m * block_m, block_m, n_q, causal_offset - left, causal_offset + right,
+                                 n_k, block_n)
     return lo, hi
 
 

@@ -1,4 +1,4 @@
-"""FlashAttention-2 backward (Dao 2023, Algorithm 2) in Triton: three kernels.
+"""FlashAttention-2 backward (Dao 2023, Algorithm 2 and §3.1) in Triton: three kernels.
 
     preprocess   D_i = rowsum(dO_i * O_i)                                     (Alg. 2 line 4)
     dK, dV       one program per key block j (and K/V head), looping over query blocks i:
@@ -33,11 +33,14 @@ import triton.language as tl
 from ._common import (
     AUTOTUNE_OPTIONS,
     INTERPRET,
+    LOG2E,
     Candidate,
     configs,
+    dot_precision,
     launch_options,
     pruner,
     sequence_bounds,
+    strides_of,
     visible_range_tl,
     window_bounds,
 )
@@ -54,9 +57,11 @@ _DQ_CONFIGS = configs(DQ_CANDIDATES, DQ_WIDE_CANDIDATES, interpret_config={"BLOC
 
 
 @triton.jit
-def _preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_om, stride_od,
-                       stride_dz, stride_dh, stride_dm, stride_dd, H, N_Q,
+def _preprocess_kernel(O, DO, DELTA, o_strides, do_strides, H, N_Q,
                        D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """D_i = rowsum(dO_i * O_i) for BLOCK_M rows of one head; o_strides, do_strides: (batch, head, row, d)."""
+    stride_oz, stride_oh, stride_om, stride_od = o_strides
+    stride_dz, stride_dh, stride_dm, stride_dd = do_strides
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z, off_h = off_zh // H, off_zh % H
@@ -70,10 +75,12 @@ def _preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_om, stride_od,
 
 
 @triton.jit
-def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, stride_qm, stride_dm, stride_dqm, N_Q,
-                offs_n, offs_d, lo, hi, qk_scale, scale, N_K, diag_lo, diag_hi,
-                D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+def _dkdv_over_query_blocks(
+    dk, dv, k, v, Q, DO, LSE, DELTA, DQ, stride_qm, stride_dm, stride_dqm, N_Q,
+    offs_n, offs_d, lo, hi, qk_scale, scale, N_K, diag_lo, diag_hi,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
     """Accumulate the contributions of query blocks [lo, hi) of one head to dK_j, dV_j (and, with
     ATOMIC_DQ, add each block's dS_ij K_j to dQ_i in HBM). Q, DO, LSE, DELTA, DQ point at this
     head's row 0. Works on transposed tiles (keys along rows) so dK_j, dV_j stay (BLOCK_N, BLOCK_D)."""
@@ -98,51 +105,49 @@ def _dkdv_block(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, stride_qm, stride_dm, strid
         if UPCAST:
             q_t = q_t.to(tl.float32)
             do = do.to(tl.float32)
-        if IEEE:
-            qk_t = tl.dot(k, q_t, input_precision="ieee")  # (Q_i K_j^T)^T (BLOCK_N, BLOCK_M)
-        else:
-            qk_t = tl.dot(k, q_t)
+        qk_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)  # (Q_i K_j^T)^T (BLOCK_N, BLOCK_M)
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])  # P_ij^T = exp2(S_ij - L_i): recomputed (line 11)
         if MASKED:
             diag = offs_n[:, None] - m[None, :]  # j - i
             visible = (m[None, :] < N_Q) & (offs_n[:, None] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
             p_t = tl.where(visible, p_t, 0.0)
-        if IEEE:
-            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")  # dV_j += P_ij^T dO_i (line 12)
-            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")  # dP_ij^T = V_j dO_i^T (line 13)
-        else:
-            dv = tl.dot(p_t.to(do.dtype), do, dv)
-            dp_t = tl.dot(v, tl.trans(do))
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV_j += P_ij^T dO_i (line 12)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dP_ij^T = V_j dO_i^T (line 13)
         ds_t = p_t * (dp_t - delta[None, :])  # dS_ij^T = P^T * (dP^T - D_i) (line 14)
-        if IEEE:
-            dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision="ieee")  # dK_j += dS^T Q_i (line 16)
-        else:
-            dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk)
+        dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision=DOT_PRECISION)  # dK_j += dS^T Q_i (line 16)
         if ATOMIC_DQ:  # line 15 as the paper writes it: dQ_i += dS_ij K_j, added to HBM atomically
-            if IEEE:
-                dq = tl.dot(tl.trans(ds_t), k, input_precision="ieee")
-            else:
-                dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k)
+            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=DOT_PRECISION)
             tl.atomic_add(DQ + m[:, None] * stride_dqm + offs_d[None, :], dq * scale,
                           mask=(m[:, None] < N_Q) & d_ok[None, :], sem="relaxed")
     return dk, dv
 
 
-@triton.autotune(configs=_DKDV_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "ATOMIC_DQ", "IEEE", "GROUP"],
+@triton.autotune(configs=_DKDV_CONFIGS,
+                 key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "ATOMIC_DQ", "DOT_PRECISION", "GROUP"],
                  prune_configs_by={"early_config_prune": pruner(DKDV_WIDE_CANDIDATES)}, **AUTOTUNE_OPTIONS,
                  restore_value=["DQ"])  # tuning runs add into DQ: give the real run zeros back
 @triton.jit
 def _dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQ, CU_Q, CU_K,
-    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
-    stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dm,
-    stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-    stride_dqz, stride_dqh, stride_dqm, stride_lz, stride_lh,
-    H, GROUP, N_Q, N_K, qk_scale, scale, win_left, win_right,
+    strides,  # (batch, head, row) strides of Q, K, V, DO, DK, DV, DQ, then (batch, head) of LSE and DELTA
+    H, GROUP, N_Q, N_K, qk_scale, scale,
+    band,  # (left, right): row i sees key j iff -left <= j - i - (N_K - N_Q) <= right (window_bounds)
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """Grid (key blocks, Z * H_kv): dK_j and dV_j of one key block of one K/V head. CAUSAL and
+    WINDOW are folded into ``band`` by the host; they only key the autotuner."""
+    q_strides, k_strides, v_strides, do_strides, dk_strides, dv_strides, dq_strides, lse_strides = strides
+    stride_qz, stride_qh, stride_qm = q_strides
+    stride_kz, stride_kh, stride_kn = k_strides
+    stride_vz, stride_vh, stride_vn = v_strides
+    stride_dz, stride_dh, stride_dm = do_strides
+    stride_dkz, stride_dkh, stride_dkn = dk_strides
+    stride_dvz, stride_dvh, stride_dvn = dv_strides
+    stride_dqz, stride_dqh, stride_dqm = dq_strides
+    stride_lz, stride_lh = lse_strides
+    win_left, win_right = band
     start_n = tl.program_id(0)
     off_zhkv = tl.program_id(1)
     H_KV = H // GROUP
@@ -174,24 +179,27 @@ def _dkdv_kernel(
             dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh + q_start * stride_dqm
             lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
             delta_base = DELTA + off_z * stride_lz + off_h * stride_lh + q_start
-            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm,
-                                 stride_dqm, N_Q, offs_n, offs_d, q_lo, in_lo, qk_scale, scale, N_K, diag_lo, diag_hi,
-                                 D_HEAD, BLOCK_D, BLOCK_M, True, ATOMIC_DQ, UPCAST, IEEE)
-            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm,
-                                 stride_dqm, N_Q, offs_n, offs_d, in_lo, in_hi, qk_scale, scale, N_K, diag_lo, diag_hi,
-                                 D_HEAD, BLOCK_D, BLOCK_M, False, ATOMIC_DQ, UPCAST, IEEE)
-            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm,
-                                 stride_dqm, N_Q, offs_n, offs_d, in_hi, q_hi, qk_scale, scale, N_K, diag_lo, diag_hi,
-                                 D_HEAD, BLOCK_D, BLOCK_M, True, ATOMIC_DQ, UPCAST, IEEE)
+            dk, dv = _dkdv_over_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm, stride_dqm, N_Q,
+                offs_n, offs_d, q_lo, in_lo, qk_scale, scale, N_K, diag_lo, diag_hi,
+                D_HEAD, BLOCK_D, BLOCK_M, True, ATOMIC_DQ, UPCAST, DOT_PRECISION)
+            dk, dv = _dkdv_over_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm, stride_dqm, N_Q,
+                offs_n, offs_d, in_lo, in_hi, qk_scale, scale, N_K, diag_lo, diag_hi,
+                D_HEAD, BLOCK_D, BLOCK_M, False, ATOMIC_DQ, UPCAST, DOT_PRECISION)
+            dk, dv = _dkdv_over_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dm, stride_dqm, N_Q,
+                offs_n, offs_d, in_hi, q_hi, qk_scale, scale, N_K, diag_lo, diag_hi,
+                D_HEAD, BLOCK_D, BLOCK_M, True, ATOMIC_DQ, UPCAST, DOT_PRECISION)
         dk = dk * scale  # the scale of S = scale * Q K^T, applied once (line 16)
         tl.store(DK + off_z * stride_dkz + off_hkv * stride_dkh + k_rows * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
         tl.store(DV + off_z * stride_dvz + off_hkv * stride_dvh + k_rows * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
-def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi, qk_scale, N_K, diag_lo, diag_hi,
-              D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+def _dq_over_key_blocks(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi, qk_scale, N_K,
+                        diag_lo, diag_hi, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        MASKED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate the contributions of key blocks [lo, hi) to dQ_i."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < D_HEAD
@@ -206,38 +214,39 @@ def _dq_block(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d,
         if UPCAST:
             k_t = k_t.to(tl.float32)
             v_t = v_t.to(tl.float32)
-        if IEEE:
-            qk = tl.dot(q, k_t, input_precision="ieee")  # Q_i K_j^T (BLOCK_M, BLOCK_N)
-            dp = tl.dot(do, v_t, input_precision="ieee")  # dP_ij = dO_i V_j^T (line 13)
-        else:
-            qk = tl.dot(q, k_t)
-            dp = tl.dot(do, v_t)
+        qk = tl.dot(q, k_t, input_precision=DOT_PRECISION)  # Q_i K_j^T (BLOCK_M, BLOCK_N)
+        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)  # dP_ij = dO_i V_j^T (line 13)
         p = tl.math.exp2(qk * qk_scale - lse[:, None])  # P_ij = exp2(S_ij - L_i) recomputed (line 11)
         if MASKED:
             diag = n[None, :] - offs_m[:, None]  # j - i
             visible = (n[None, :] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
             p = tl.where(visible, p, 0.0)
         ds = p * (dp - delta[:, None])  # dS_ij = P_ij * (dP_ij - D_i) (line 14)
-        if IEEE:
-            dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision="ieee")  # dQ_i += dS_ij K_j (line 15)
-        else:
-            dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq)
+        dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)  # dQ_i += dS_ij K_j (line 15)
     return dq
 
 
-@triton.autotune(configs=_DQ_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "IEEE"],
+@triton.autotune(configs=_DQ_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "DOT_PRECISION"],
                  prune_configs_by={"early_config_prune": pruner(DQ_WIDE_CANDIDATES)}, **AUTOTUNE_OPTIONS)
 @triton.jit
 def _dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
-    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
-    stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dm, stride_dqz, stride_dqh, stride_dqm,
-    stride_lz, stride_lh,
-    H, GROUP, N_Q, N_K, qk_scale, scale, win_left, win_right,
+    strides,  # (batch, head, row) strides of Q, K, V, DO, DQ, then (batch, head) of LSE and DELTA
+    H, GROUP, N_Q, N_K, qk_scale, scale, band,  # as in _dkdv_kernel
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    VARLEN: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    VARLEN: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """Grid (query blocks, Z * H): dQ_i of one query block of one head, visiting the key blocks
+    the forward pass visited."""
+    q_strides, k_strides, v_strides, do_strides, dq_strides, lse_strides = strides
+    stride_qz, stride_qh, stride_qm = q_strides
+    stride_kz, stride_kh, stride_kn = k_strides
+    stride_vz, stride_vh, stride_vn = v_strides
+    stride_dz, stride_dh, stride_dm = do_strides
+    stride_dqz, stride_dqh, stride_dqm = dq_strides
+    stride_lz, stride_lh = lse_strides
+    win_left, win_right = band
     start_m = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z, off_h = off_zh // H, off_zh % H
@@ -268,12 +277,15 @@ def _dq_kernel(
         # the same key ranges as the forward pass
         k_lo, full_lo, full_hi, k_hi = visible_range_tl(start_m * BLOCK_M, BLOCK_M, N_Q, diag_lo, diag_hi, N_K, BLOCK_N)
         if WINDOW:
-            dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, k_lo, full_lo,
-                           qk_scale, N_K, diag_lo, diag_hi, D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE)
-        dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, full_lo, full_hi,
-                       qk_scale, N_K, diag_lo, diag_hi, D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, IEEE)
-        dq = _dq_block(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, full_hi, k_hi,
-                       qk_scale, N_K, diag_lo, diag_hi, D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE)
+            dq = _dq_over_key_blocks(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                                     k_lo, full_lo, qk_scale, N_K, diag_lo, diag_hi,
+                                     D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, DOT_PRECISION)
+        dq = _dq_over_key_blocks(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                                 full_lo, full_hi, qk_scale, N_K, diag_lo, diag_hi,
+                                 D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, DOT_PRECISION)
+        dq = _dq_over_key_blocks(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                                 full_hi, k_hi, qk_scale, N_K, diag_lo, diag_hi,
+                                 D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, DOT_PRECISION)
         dq = dq * scale
         tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + rows * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mask)
 
@@ -293,24 +305,22 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Z, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     block_d = max(16, triton.next_power_of_2(D))
-    ieee = q.dtype == torch.float32
-    qk_scale = scale * 1.4426950408889634
     delta = torch.empty_like(lse2)
     # D = rowsum(dO * O); for varlen lse2 is (H, total_q) and the packed view (1, H, total_q, d) fits as is
     _preprocess_kernel[(triton.cdiv(N_Q, 64), Z * H)](
-        o, do, delta, *o.stride(), *do.stride(), H, N_Q, D_HEAD=D, BLOCK_D=block_d, BLOCK_M=64
+        o, do, delta, o.stride(), do.stride(), H, N_Q, D_HEAD=D, BLOCK_D=block_d, BLOCK_M=64
     )
-    if cu_seqlens is not None:
+    varlen = cu_seqlens is not None
+    if varlen:
         cu_q, cu_k, n_q, n_k = cu_seqlens
         seqs = cu_q.numel() - 1
         lse_strides = (0, lse2.stride(0))
-        zero = lambda t: (0, *t.stride()[1:3])  # noqa: E731  (batch stride 0: one packed "batch")
     else:
-        cu_q = cu_k = lse2
+        cu_q = cu_k = lse2  # unused placeholders
         seqs, n_q, n_k = Z, N_Q, N_K
-        lse_strides = (lse2.stride(0), lse2.stride(1))
-        zero = lambda t: t.stride()[:3]  # noqa: E731
-    left, right = window_bounds(causal, window, n_q, n_k)
+        lse_strides = lse2.stride()[:2]
+    rows = lambda *ts: tuple(strides_of(t, varlen, dims=3) for t in ts)  # noqa: E731  (batch, head, row) of each
+    band = window_bounds(causal, window, n_q, n_k)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     atomic = not deterministic
@@ -319,21 +329,18 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dkdv_config, dq_config = configs_ if configs_ is not None else (None, None)
     dkdv_kernel = _dkdv_kernel if dkdv_config is None else _dkdv_kernel.fn
     dq_kernel = _dq_kernel if dq_config is None else _dq_kernel.fn
-    flags = dict(D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, WINDOW=window is not None, VARLEN=cu_seqlens is not None,
-                 UPCAST=INTERPRET, IEEE=ieee)
+    flags = dict(D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, WINDOW=window is not None, VARLEN=varlen,
+                 UPCAST=INTERPRET, DOT_PRECISION=dot_precision(q.dtype))
+    qk_scale = scale * LOG2E
     dkdv_kernel[lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), seqs * H_KV)](
-        q, k, v, do, lse2, delta, dk, dv, dq_acc, cu_q, cu_k,
-        *zero(q), *zero(k), *zero(v), *zero(do), *zero(dk), *zero(dv), *zero(dq_acc), *lse_strides,
-        H, H // H_KV, n_q, n_k, qk_scale, scale, left, right,
-        ATOMIC_DQ=atomic, **flags, **launch_options(dkdv_config),
+        q, k, v, do, lse2, delta, dk, dv, dq_acc, cu_q, cu_k, (*rows(q, k, v, do, dk, dv, dq_acc), lse_strides),
+        H, H // H_KV, n_q, n_k, qk_scale, scale, band, ATOMIC_DQ=atomic, **flags, **launch_options(dkdv_config),
     )
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
     dq = torch.empty_like(q)
     dq_kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), seqs * H)](
-        q, k, v, do, lse2, delta, dq, cu_q, cu_k,
-        *zero(q), *zero(k), *zero(v), *zero(do), *zero(dq), *lse_strides,
-        H, H // H_KV, n_q, n_k, qk_scale, scale, left, right,
-        **flags, **launch_options(dq_config),
+        q, k, v, do, lse2, delta, dq, cu_q, cu_k, (*rows(q, k, v, do, dq), lse_strides),
+        H, H // H_KV, n_q, n_k, qk_scale, scale, band, **flags, **launch_options(dq_config),
     )
     return dq, dk, dv

@@ -1,57 +1,17 @@
-"""Decoding with a KV cache: split-KV (Flash-Decoding) and paged KV, in Triton.
+"""Decoding with a KV cache: split-KV (Flash-Decoding; Dao, Haziza, Massa, Sizov 2023) and paged
+KV (PagedAttention; Kwon et al. 2023), in Triton.
 
-When a model generates text, each step brings n_q new query tokens (1 in classic
-decoding, a few with speculative decoding) per sequence, and they attend to every key
-in that sequence's cache. There is no query block to parallelise over, so the
-FlashAttention-2 grid (query blocks x heads) would be B·H tiny programs on a GPU with
-132 SMs. Flash-Decoding (Dao, Haziza, Massa, Sizov 2023) splits the *keys* instead:
+Each decoding step brings n_q new query tokens per sequence (1, or a few with speculative
+decoding); there is no query block to parallelise over, so the keys are split instead:
 
-    split kernel    grid (num_splits, B·H_kv, row blocks). Program s owns the key chunk
-                    C_s of one sequence b and one K/V head, streams it in blocks of
-                    BLOCK_N with the online softmax of forward.py, and writes a partial
-                    result normalised over its own chunk:
-                        o_s   = softmax(S[:, C_s]) V[C_s]                   (float32)
-                        lse_s = log2 sum_{j in C_s} 2^{S_j}                  (log2 units; -inf if C_s sees no key)
-    combine         for each output row:
-                        lse = log2 sum_s 2^{lse_s}                                            (eq. C1)
-                        o   = sum_s 2^{lse_s - lse} o_s                                         (eq. C2)
-                    exact, not an approximation: 2^{lse_s - lse} is the share of the softmax
-                    mass that lies in chunk s. Chunks with lse_s = -inf contribute 0.
+    split kernel    grid (num_splits, B·H_kv, row blocks). Program s streams key chunk C_s of
+                    one sequence and K/V head through the online softmax of forward.py and
+                    writes o_s = softmax(S[:, C_s]) V[C_s] and lse_s = log2 sum_{j in C_s} 2^{S_j}
+    combine         lse = log2 sum_s 2^{lse_s}                                     (eq. C1)
+                    o   = sum_s 2^{lse_s - lse} o_s                                (eq. C2)
 
-With one split the split kernel writes the final output itself and the combine is skipped.
-
-Where the combine runs. By default (``fuse_combine=True``) inside the split kernel: after
-writing its partial, each program counts itself in with an atomic add on a counter per
-tile of rows, and the program that arrives last (it reads NUM_SPLITS - 1) merges every
-split's partial for those rows and resets the counter to 0 for the next call. The atomic
-has acquire-release order, so all partials are visible to the last program. One launch
-instead of two: on the H200 this cut the host's time per call from 197 to 89 us at B = 1,
-H = 8 and a 64k cache, where the GPU needs about 80 us, so the launches had set the time
-(results/decode_h200, chapter 9). ``fuse_combine=False`` launches a separate combine
-kernel (16 output rows per program), which :func:`combine_splits` also exposes; both merge
-through the same function, ``_merge_splits``. (The recorded separate-combine rows were
-measured with an earlier combine kernel, one program per output row.)
-
-GQA packs a head group into one tile. The GROUP = H / H_kv query heads that share a K/V
-head (Ainslie et al. 2023) read the same keys, so one program takes all of them: the
-tile's rows are r = g·n_q + i (head g of the group, new token i), n_q·GROUP rows padded
-to BLOCK_M >= 16. K and V are read once per group instead of once per head, and the
-scores become a real matrix product Q (BLOCK_M x d) K^T (d x BLOCK_N) on the tensor
-cores instead of a matrix-vector product.
-
-Causal mask among the new tokens: token i of n_q sits at cache position seqlen - n_q + i
-(the new keys are already appended), so it sees key j iff j <= seqlen - n_q + i — the
-bottom-right alignment of flashlab.reference.attention. A row that sees no key gives 0.
-
-Two cache layouts:
-
-    contiguous   k_cache, v_cache (B, H_kv, N_max, d); sequence b uses positions [0, seqlen_b).
-    paged        k_cache, v_cache (num_pages, page_size, H_kv, d): a pool of pages shared by
-                 all sequences (PagedAttention, Kwon et al. 2023; the layout of vLLM and of
-                 flash-attn's flash_attn_with_kvcache). block_table (B, max_pages) int32 maps
-                 logical page p of sequence b to a physical page, so key j of sequence b lives
-                 at k_cache[block_table[b, j // page_size], j % page_size]. Each key row of d
-                 elements stays contiguous, so gathered loads are still coalesced.
+The combine is exact: 2^{lse_s - lse} is chunk s's share of the softmax mass. GQA packs the
+GROUP query heads of a K/V head into one tile, so K and V are read once per group.
 
 Glossary: n_q = new query tokens per sequence (新词元数); seqlen = valid cache length
 (缓存有效长度); split = chunk of keys handled by one program (切分); GROUP = query
@@ -69,7 +29,8 @@ import triton
 import triton.language as tl
 
 from .._validate import positive_int
-from ._common import INTERPRET, LN2, LOG2E, check_head_dim, check_runnable, check_scale, check_tensors, load_kv_tiles
+from ._common import (INTERPRET, LN2, LOG2E, check_head_dim, check_runnable, check_scale, check_tensors, dot_precision,
+                      load_kv_tiles)
 from .forward import online_softmax_step
 
 __all__ = ["flash_decode", "combine_splits", "choose_num_splits", "DEFAULT_NUM_SMS", "MAX_SPLITS"]
@@ -83,13 +44,15 @@ MAX_SPLITS = 128  # more splits than this only adds combine work (flash-attn use
 def _attend_chunk(
     acc, l_i, m_i, q,  # running state (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,); the packed query tile
     K, V, BT_ROW, off_b,  # K, V point at this K/V head; BT_ROW at block_table[b] (paged only)
-    stride_k0, stride_kn, stride_kd, stride_v0, stride_vn, stride_vd,
+    k_strides, v_strides,  # (batch or page, head, slot, d): see _split_kernel
     offs_i, offs_n, offs_d, lo, hi, end, causal_offset, qk_scale,
-    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i) — the recurrence of forward.py. MASKED
     blocks check the chunk end and the causal diagonal; unmasked ones are fully visible."""
+    stride_k0, _, stride_kn, stride_kd = k_strides
+    stride_v0, _, stride_vn, stride_vd = v_strides
     d_ok = offs_d < D_HEAD
     for start_n in range(lo, hi, BLOCK_N):
         n = start_n + offs_n  # (BLOCK_N,) logical key positions in the sequence
@@ -104,31 +67,37 @@ def _attend_chunk(
         k_ptrs = K + k_rows[None, :] + offs_d[:, None] * stride_kd  # (BLOCK_D, BLOCK_N) = K_j^T
         v_ptrs = V + v_rows[:, None] + offs_d[None, :] * stride_vd  # (BLOCK_N, BLOCK_D) = V_j
         k, v = load_kv_tiles(k_ptrs, v_ptrs, n_ok, d_ok, MASKED, BLOCK_D != D_HEAD, UPCAST)  # as forward.py
-        if IEEE:
-            qk = tl.dot(q, k, input_precision="ieee")  # Q K_j^T (BLOCK_M, BLOCK_N), unscaled
-        else:
-            qk = tl.dot(q, k)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # Q K_j^T (BLOCK_M, BLOCK_N), unscaled
         if MASKED:  # token i sees key n iff n <= seqlen - n_q + i (and n is inside this chunk)
             visible = n_ok[None, :] & (n[None, :] <= offs_i[:, None] + causal_offset)
             qk = tl.where(visible, qk, float("-inf"))
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED, IEEE)  # as forward.py
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED, DOT_PRECISION)  # as forward.py
     return acc, l_i, m_i
 
 
 @triton.jit
 def _split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART, O, LSE, LOCKS,  # O, LSE, LOCKS: fused combine only
-    stride_qb, stride_qh, stride_qi, stride_qd,
-    stride_k0, stride_kh, stride_kn, stride_kd,  # contiguous: (b, h_kv, n, d); paged: (page, h_kv, slot, d)
-    stride_v0, stride_vh, stride_vn, stride_vd,
-    stride_bt,
-    stride_ob, stride_oh, stride_os, stride_oi, stride_od,  # O_PART (B, H, splits, n_q, d)
-    stride_lb, stride_lh, stride_ls, stride_li,  # LSE_PART (B, H, splits, n_q)
-    stride_fb, stride_fh, stride_fi, stride_fd,  # O (B, H, n_q, d); LSE is (B, H, n_q) contiguous
+    q_strides,  # Q (B, H, n_q, d)
+    k_strides, v_strides,  # contiguous: (b, h_kv, n, d); paged: (page, h_kv, slot, d)
+    stride_bt,  # block_table's row stride
+    part_strides,  # O_PART (B, H, splits, n_q, d) and LSE_PART (B, H, splits, n_q)
+    o_strides,  # O (B, H, n_q, d); LSE is (B, H, n_q) contiguous
     H_KV, GROUP, N_Q, NUM_SPLITS, qk_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, FUSE: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FUSE: tl.constexpr,
 ):
+    """Program (split s, sequence b and K/V head, row block): the partial result of key chunk
+    C_s for BLOCK_M packed rows. With FUSE, the last of a tile's splits to finish merges them
+    (see flash_decode's fuse_combine)."""
+    stride_qb, stride_qh, stride_qi, stride_qd = q_strides
+    stride_kh = k_strides[1]
+    stride_vh = v_strides[1]
+    o_part_strides, lse_part_strides = part_strides
+    stride_ob, stride_oh, stride_os, stride_oi, stride_od = o_part_strides
+    stride_lb, stride_lh, stride_ls, stride_li = lse_part_strides
+    stride_fb, stride_fh, stride_fi, stride_fd = o_strides
     split = tl.program_id(0)
     off_bkv = tl.program_id(1)
     off_b = off_bkv // H_KV
@@ -158,6 +127,8 @@ def _split_kernel(
     blocks_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), NUM_SPLITS)
     start = split * blocks_per_split * BLOCK_N
     end = tl.minimum(start + blocks_per_split * BLOCK_N, seqlen)
+    # Causal among the new tokens: token i sits at cache position seqlen - n_q + i (the new keys are
+    # already appended), so it sees key j iff j <= seqlen - n_q + i (bottom-right alignment).
     # Keys [0, full) lie in blocks every row sees whole (j <= seqlen - n_q): no mask needed there.
     causal_offset = seqlen - N_Q
     full = (tl.maximum(causal_offset + 1, 0) // BLOCK_N) * BLOCK_N
@@ -169,14 +140,12 @@ def _split_kernel(
     BT_ROW = BLOCK_TABLE
     if PAGED:
         BT_ROW += off_b * stride_bt  # block_table[b]
-    acc, l_i, m_i = _attend_chunk(acc, l_i, m_i, q, K, V, BT_ROW, off_b64,
-                                  stride_k0, stride_kn, stride_kd, stride_v0, stride_vn, stride_vd,
+    acc, l_i, m_i = _attend_chunk(acc, l_i, m_i, q, K, V, BT_ROW, off_b64, k_strides, v_strides,
                                   offs_i, offs_n, offs_d, start, mid, end, causal_offset, qk_scale,
-                                  D_HEAD, BLOCK_D, BLOCK_N, PAGED, PAGE_SIZE, False, UPCAST, IEEE)
-    acc, l_i, m_i = _attend_chunk(acc, l_i, m_i, q, K, V, BT_ROW, off_b64,
-                                  stride_k0, stride_kn, stride_kd, stride_v0, stride_vn, stride_vd,
+                                  D_HEAD, BLOCK_D, BLOCK_N, PAGED, PAGE_SIZE, False, UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = _attend_chunk(acc, l_i, m_i, q, K, V, BT_ROW, off_b64, k_strides, v_strides,
                                   offs_i, offs_n, offs_d, mid, end, end, causal_offset, qk_scale,
-                                  D_HEAD, BLOCK_D, BLOCK_N, PAGED, PAGE_SIZE, True, UPCAST, IEEE)
+                                  D_HEAD, BLOCK_D, BLOCK_N, PAGED, PAGE_SIZE, True, UPCAST, DOT_PRECISION)
 
     # Partial result over this chunk; a row with no visible key here has l = 0: o_s = 0, lse_s = -inf.
     seen = l_i > 0
@@ -189,7 +158,10 @@ def _split_kernel(
               + offs_i[:, None] * stride_oi + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, acc.to(O_PART.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
-    if FUSE:  # the last split of this tile to finish merges all of them (module docstring)
+    # Fused combine: each program counts itself in on its tile's counter; the one that arrives last
+    # (it reads NUM_SPLITS - 1) merges every split's partial and resets the counter for the next call.
+    # The atomic's acquire-release order makes all partials visible to that last program.
+    if FUSE:
         tl.debug_barrier()  # every thread's partial is written before the arrival is counted
         lock = LOCKS + off_bkv * tl.num_programs(2) + tl.program_id(2)
         arrived = tl.atomic_add(lock, 1, sem="acq_rel")  # release our partial, acquire the others'
@@ -236,13 +208,16 @@ def _merge_splits(lse_rows, o_rows, stride_ls, stride_os, row_ok, d_ok, NUM_SPLI
 @triton.jit
 def _combine_kernel(
     O_PART, LSE_PART, O, LSE,
-    stride_pb, stride_ph, stride_ps, stride_pi, stride_pd,  # O_PART (B, H, splits, n_q, d)
-    stride_lb, stride_lh, stride_ls, stride_li,  # LSE_PART (B, H, splits, n_q)
-    stride_ob, stride_oh, stride_oi, stride_od,  # O (B, H, n_q, d)
+    part_strides,  # O_PART (B, H, splits, n_q, d) and LSE_PART (B, H, splits, n_q)
+    o_strides,  # O (B, H, n_q, d)
     ROWS, H, N_Q, NUM_SPLITS,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """The separate combine: each program merges BLOCK_R of the B·H·n_q output rows (b, h, i)."""
+    o_part_strides, lse_part_strides = part_strides
+    stride_pb, stride_ph, stride_ps, stride_pi, stride_pd = o_part_strides
+    stride_lb, stride_lh, stride_ls, stride_li = lse_part_strides
+    stride_ob, stride_oh, stride_oi, stride_od = o_strides
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < ROWS
     off_i = rows % N_Q
@@ -262,7 +237,7 @@ def _combine_into(o_parts: torch.Tensor, lse2_parts: torch.Tensor, o: torch.Tens
     B, H, S, N_Q, D = o_parts.shape
     rows, block_r = B * H * N_Q, 16  # 16 output rows per program
     _combine_kernel[(-(-rows // block_r),)](
-        o_parts, lse2_parts, o, lse2, *o_parts.stride(), *lse2_parts.stride(), *o.stride(),
+        o_parts, lse2_parts, o, lse2, (o_parts.stride(), lse2_parts.stride()), o.stride(),
         rows, H, N_Q, S, D_HEAD=D, BLOCK_D=_pow2(D), BLOCK_R=block_r,
     )
 
@@ -330,7 +305,7 @@ def choose_num_splits(programs: int, key_blocks: int, num_sms: int = DEFAULT_NUM
     is within 85 % of the best — flash-attn's ``num_splits_heuristic`` (flash_api.cpp): few
     splits (less combine work) unless more of them fill the last wave much better.
     Example: B = 4, H_kv = 8, n_q·GROUP <= 64 on 132 SMs: 32 programs, s = 8 -> 256 programs.
-    results/decode_h200 times the choice against 1 to 128 splits at four shapes (chapter 9).
+    Chapter 9 times the choice against 1 to 128 splits at four shapes.
     """
     programs, key_blocks, num_sms = (positive_int(n, x) for n, x in
                                      (("programs", programs), ("key_blocks", key_blocks), ("num_sms", num_sms)))
@@ -456,8 +431,11 @@ def flash_decode(
     q : (B, H, n_q, d) float16, bfloat16 or float32 — the new tokens' queries; n_q is small
         (1 for classic decoding, up to ~16 for speculative decoding). Token i sees cache
         positions j <= cache_seqlens[b] - n_q + i (its own key is already in the cache).
-    k_cache, v_cache : contiguous (B, H_kv, N_max, d), or paged (num_pages, page_size, H_kv, d)
-        when ``block_table`` is given; same dtype and device as q; H_kv divides H (GQA/MQA).
+    k_cache, v_cache : contiguous (B, H_kv, N_max, d), sequence b using positions [0, seqlen_b); or
+        paged (num_pages, page_size, H_kv, d) when ``block_table`` is given: a pool of pages shared
+        by all sequences (vLLM's layout), key j of sequence b at
+        k_cache[block_table[b, j // page_size], j % page_size]. Same dtype and device as q;
+        H_kv divides H (GQA/MQA).
     cache_seqlens : (B,) int32, valid cache length of each sequence, 0 <= seqlen <= capacity.
     num_splits : key chunks per (sequence, K/V head); default :func:`choose_num_splits`.
     scale : multiplies q k^T; default 1/sqrt(d).
@@ -469,8 +447,10 @@ def flash_decode(
         per call on an H200, as long as the kernels at B = 4, H = 32, a 32k cache. A decoding
         loop (or a CUDA graph) that guarantees them passes False; shapes, dtypes and devices
         are always checked.
-    fuse_combine : merge the splits inside the split kernel (one launch; default) or in a
-        separate combine kernel (two launches), see the module docstring.
+    fuse_combine : merge the splits inside the split kernel (one launch; default: the last
+        program of each tile merges them) or in a separate combine kernel, 16 output rows per
+        program (two launches, :func:`combine_splits`). One launch matters where the host's
+        launch cost is as long as the kernels, as at B = 1 with a 64k cache.
 
     Returns
     -------
@@ -502,12 +482,11 @@ def flash_decode(
     v_strides = (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3)) if paged else v_cache.stride()
     _split_kernel[(num_splits, B * H_KV, row_blocks)](
         q, k_cache, v_cache, cache_seqlens, block_table, o_parts, lse2_parts, o, lse2, locks,
-        *q.stride(), *k_strides, *v_strides, block_table.stride(0) if paged else 0,
-        *o_parts.stride(), *lse2_parts.stride(), *o.stride(),
+        q.stride(), k_strides, v_strides, block_table.stride(0) if paged else 0,
+        (o_parts.stride(), lse2_parts.stride()), o.stride(),
         H_KV, group, N_Q, num_splits, scale * LOG2E,  # scale * log2(e): exp -> exp2
-        D_HEAD=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        PAGED=paged, PAGE_SIZE=page_size if paged else 1, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32, FUSE=fuse,
-        num_warps=warps, num_stages=stages,
+        D_HEAD=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size if paged else 1,
+        UPCAST=INTERPRET, DOT_PRECISION=dot_precision(q.dtype), FUSE=fuse, num_warps=warps, num_stages=stages,
     )
     if num_splits > 1 and not fuse:
         _combine_into(o_parts, lse2_parts, o, lse2)

@@ -1,22 +1,18 @@
-"""FlashAttention-2 forward kernel (Dao 2023, Algorithm 1) in Triton.
+"""FlashAttention-2 forward (Dao 2023, Algorithm 1 and §3.1-3.2) in Triton.
 
-One program computes one block of BLOCK_M query rows of one (batch, head):
+One program computes one block of BLOCK_M query rows of one (batch, head) and streams the key
+blocks through it, keeping the running max m, sum l and unnormalised output on chip:
 
-    for each key block j (K_j, V_j streamed from HBM):
-        S_ij  = Q_i K_j^T * scale * log2(e)          scores in log2 units      (Alg. 1 line 8)
-        m_new = max(m, rowmax(S_ij))                                            (line 9)
-        P_ij  = exp2(S_ij - m_new)                                              (line 9)
-        l     = exp2(m - m_new) * l + rowsum(P_ij)                              (line 9)
-        O     = exp2(m - m_new) * O + P_ij V_j       unnormalised: no division   (line 10)
-    O = O / l                                        divide once, at the end    (line 12)
-    lse = m + log2(l)                                saved for the backward     (line 13)
+    S_ij = Q_i K_j^T · scale · log2(e);  m = max(m, rowmax S_ij);  P_ij = exp2(S_ij - m)
+    l = exp2(m_old - m) · l + rowsum P_ij;  O = exp2(m_old - m) · O + P_ij V_j     (lines 8-10)
+    O_i = O / l;  lse_i = m + log2(l)                                               (lines 12-13)
 
-Folding log2(e) into the scale turns every exp into the hardware's native exp2.
-The grid is (query blocks, batch x heads): FlashAttention-2's parallelism over the
-sequence (§3.2), so even one (batch, head) fills many SMs.
+The grid is (query blocks, batch x heads), FlashAttention-2's parallelism over the sequence
+(§3.2). Causal masks and sliding windows skip key blocks no row sees; GQA maps query heads to
+shared K/V heads; varlen reads each packed sequence's bounds from cu_seqlens.
 
-Glossary: BLOCK_M = B_r (query rows per program, 行块); BLOCK_N = B_c (keys per step,
-列块); m = running max (当前最大值); l = running sum (分母); acc = unnormalised O (累加器);
+Glossary: BLOCK_M = B_r (query rows per program, 行块); BLOCK_N = B_c (keys per step, 列块);
+m = running max (当前最大值); l = running sum (分母); acc = unnormalised O (累加器);
 lse = log-sum-exp (对数和指数), here in log2 units.
 """
 
@@ -30,13 +26,16 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ._common import (
     AUTOTUNE_OPTIONS,
     INTERPRET,
+    LOG2E,
     Candidate,
     configs,
+    dot_precision,
     has_tma,
     launch_options,
     load_kv_tiles,
     pruner,
     sequence_bounds,
+    strides_of,
     visible_range_tl,
     window_bounds,
 )
@@ -45,15 +44,13 @@ from ._common import (
 CANDIDATES: list[Candidate] = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4),
                                (128, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4)]
 WIDE_CANDIDATES: list[Candidate] = [(64, 32, 4, 2), (64, 64, 8, 2)]  # d = 256: Q, K, V tiles of 256 columns
-# tma=None uses TMA only from this many keys on. On the H200 the d = 128 forward with TMA at every
-# length ran at 214 TFLOP/s at N = 512, 0.70x SDPA flash (results/bench_tma_all_lengths_h200), against
-# 307 with pointer loads, 1.02x (results/nvidia-h200/bench); from N = 1024 on TMA was faster. Likely
-# reason (not profiled): each launch encodes two descriptors, and with 4 key tiles per program there
-# is little loop left to gain on.
+# tma=None reads K and V through TMA from this many keys on. Below it a program has few key
+# tiles to pipeline, and encoding two descriptors per launch costs more than TMA saves
+# (chapter 6 shows the measurements).
 TMA_MIN_KEYS = 1024
 
 
-def _descriptor_blocks(nargs: dict) -> None:
+def _set_descriptor_block_shape(nargs: dict) -> None:
     """Autotune pre-hook: a TMA descriptor's block shape follows the configuration's BLOCK_N."""
     for name in ("DESC_K", "DESC_V"):
         if isinstance(nargs[name], TensorDescriptor):
@@ -61,11 +58,11 @@ def _descriptor_blocks(nargs: dict) -> None:
 
 
 _CONFIGS = configs(CANDIDATES, WIDE_CANDIDATES, interpret_config={"BLOCK_M": 16, "BLOCK_N": 16},
-                   pre_hook=_descriptor_blocks)
+                   pre_hook=_set_descriptor_block_shape)
 
 
 @triton.jit
-def online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED: tl.constexpr, IEEE: tl.constexpr):
+def online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold one block into the running state (FA2 Alg. 1 lines 9-10), in log2 units.
 
     qk: raw scores Q_i K_j^T (BLOCK_M, BLOCK_N), masked entries already -inf; v: V_j
@@ -80,11 +77,39 @@ def online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED: tl.constexpr, IE
     p = tl.math.exp2(qk * qk_scale - m_ref[:, None])  # P_ij = exp2(S_ij - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)  # l = alpha l + rowsum(P_ij)
     acc = acc * alpha[:, None]  # O = alpha O ...
-    if IEEE:
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")  # ... + P_ij V_j
-    else:
-        acc = tl.dot(p.to(v.dtype), v, acc)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # ... + P_ij V_j
     return acc, l_i, m_new
+
+
+@triton.jit
+def _attend_block(
+    acc, l_i, m_i, q,  # running state (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,); the query tile
+    k_ptrs, v_ptrs, desc_k, desc_v, kv_row0, start_n,
+    offs_m, offs_n, d_ok, qk_scale, N_K, diag_lo, diag_hi,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+):
+    """Fold key block j = [start_n, start_n + BLOCK_N) into (acc, l_i, m_i). TMA loads K_j, V_j
+    through tensor descriptors (Hopper's bulk copy engine) from row kv_row0 + start_n of the
+    (rows, d) view; rows past N_K belong to the next head (or are zero-filled past the tensor's
+    end) and are masked out of S like any ragged tail."""
+    n = start_n + offs_n  # (BLOCK_N,) key indices
+    if TMA:
+        k = desc_k.load([kv_row0 + start_n, 0]).T  # (BLOCK_D, BLOCK_N) = K_j^T
+        v = desc_v.load([kv_row0 + start_n, 0])  # (BLOCK_N, BLOCK_D) = V_j
+        if MASKED:  # rows past N_K hold the next head's values: zero them, so even an inf there adds 0 * 0
+            v = tl.where((n < N_K)[:, None], v, 0.0)
+        if UPCAST:  # the interpreter computes bf16 dots wrongly: work in fp32 there
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+    else:  # K_j^T (BLOCK_D, BLOCK_N), V_j (BLOCK_N, BLOCK_D), masked where needed
+        k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, UPCAST)
+    qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # Q_i K_j^T (BLOCK_M, BLOCK_N), unscaled (line 8)
+    if MASKED:
+        diag = n[None, :] - offs_m[:, None]  # j - i
+        visible = (n[None, :] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
+        qk = tl.where(visible, qk, float("-inf"))
+    return online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED, DOT_PRECISION)  # lines 9-10
 
 
 @triton.jit
@@ -93,38 +118,18 @@ def _attend(
     k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
     offs_m, offs_n, offs_d, lo, hi, qk_scale, N_K, diag_lo, diag_hi,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr, TMA: tl.constexpr,
+    MASKED: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i). MASKED blocks check key bounds and the
     band diag_lo <= j - i <= diag_hi (causal: diag_hi = N_K - N_Q); unmasked ones are known
-    to be fully visible. WS asks Triton to warp-specialise the loop (loads in a producer warp).
-    TMA loads K_j, V_j through tensor descriptors (Hopper's bulk copy engine) from row
-    kv_row0 + start_n of the (rows, d) view; rows past N_K belong to the next head (or are
-    zero-filled past the tensor's end) and are masked out of S like any ragged tail."""
+    to be fully visible."""
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
     d_ok = offs_d < D_HEAD
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
-        n = start_n + offs_n  # (BLOCK_N,) key indices
-        if TMA:
-            k = desc_k.load([kv_row0 + start_n, 0]).T  # (BLOCK_D, BLOCK_N) = K_j^T
-            v = desc_v.load([kv_row0 + start_n, 0])  # (BLOCK_N, BLOCK_D) = V_j
-            if MASKED:  # rows past N_K hold the next head's values: zero them, so even an inf there adds 0 * 0
-                v = tl.where((n < N_K)[:, None], v, 0.0)
-            if UPCAST:  # the interpreter computes bf16 dots wrongly: work in fp32 there
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-        else:  # K_j^T (BLOCK_D, BLOCK_N), V_j (BLOCK_N, BLOCK_D), masked where needed
-            k, v = load_kv_tiles(k_ptrs, v_ptrs, n < N_K, d_ok, MASKED, BLOCK_D != D_HEAD, UPCAST)
-        if IEEE:
-            qk = tl.dot(q, k, input_precision="ieee")  # Q_i K_j^T (BLOCK_M, BLOCK_N), unscaled
-        else:
-            qk = tl.dot(q, k)
-        if MASKED:
-            diag = n[None, :] - offs_m[:, None]  # j - i
-            visible = (n[None, :] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
-            qk = tl.where(visible, qk, float("-inf"))
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, qk_scale, MASKED, IEEE)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, desc_k, desc_v, kv_row0, start_n,
+                                      offs_m, offs_n, d_ok, qk_scale, N_K, diag_lo, diag_hi,
+                                      D_HEAD, BLOCK_D, MASKED, UPCAST, DOT_PRECISION, TMA)
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
@@ -133,16 +138,19 @@ def _attend(
 @triton.jit
 def _forward_block(
     start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE, DESC_K, DESC_V, kv_row0,
-    stride_qz, stride_qh, stride_qm, stride_qd,
-    stride_kz, stride_kh, stride_kn, stride_kd,
-    stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
-    q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
+    q_strides, k_strides, v_strides, o_strides, lse_strides,  # as in _forward_kernel
+    bounds, qk_scale, band,  # bounds: (q_start, k_start, N_Q, N_K) of this sequence (sequence_bounds)
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr, WS: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Query block ``start_m`` of head (off_z, off_h): FA2 Algorithm 1, lines 4-13.
     q_start/k_start: first row of this sequence (varlen; 0 otherwise)."""
+    q_start, k_start, N_Q, N_K = bounds
+    stride_qz, stride_qh, stride_qm, stride_qd = q_strides
+    stride_kz, stride_kh, stride_kn, stride_kd = k_strides
+    stride_vz, stride_vh, stride_vn, stride_vd = v_strides
+    stride_oz, stride_oh, stride_om, stride_od = o_strides
+    stride_lz, stride_lh = lse_strides
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # row indices within the sequence
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)  # head dim padded to a power of two; loads masked to D_HEAD
@@ -162,6 +170,7 @@ def _forward_block(
 
     # Which key blocks to visit (_common.visible_range): row i sees key j iff
     # diag_lo <= j - i <= diag_hi (causal: right = 0; no mask: both sides unbounded).
+    win_left, win_right = band
     causal_offset = N_K - N_Q  # bottom-right alignment
     diag_lo = causal_offset - win_left
     diag_hi = causal_offset + win_right
@@ -169,13 +178,13 @@ def _forward_block(
     if WINDOW:  # a sliding window's left edge: partly visible blocks before the interior
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DESC_K, DESC_V, kv_row0,
                                 offs_m, offs_n, offs_d, k_lo, full_lo, qk_scale, N_K, diag_lo, diag_hi,
-                                D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False, TMA)
+                                D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, DOT_PRECISION, TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DESC_K, DESC_V, kv_row0,
                             offs_m, offs_n, offs_d, full_lo, full_hi, qk_scale, N_K, diag_lo, diag_hi,
-                            D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, IEEE, WS, TMA)
+                            D_HEAD, BLOCK_D, BLOCK_N, False, UPCAST, DOT_PRECISION, TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DESC_K, DESC_V, kv_row0,
                             offs_m, offs_n, offs_d, full_hi, k_hi, qk_scale, N_K, diag_lo, diag_hi,
-                            D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, IEEE, False, TMA)
+                            D_HEAD, BLOCK_D, BLOCK_N, True, UPCAST, DOT_PRECISION, TMA)
 
     # Rows that saw no key (causal with N_Q > N_K, or a window) have l = 0: output 0, lse = -inf.
     seen = l_i > 0
@@ -187,102 +196,72 @@ def _forward_block(
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "IEEE", "TMA"],
+@triton.autotune(configs=_CONFIGS, key=["N_Q", "N_K", "BLOCK_D", "CAUSAL", "WINDOW", "VARLEN", "DOT_PRECISION", "TMA"],
                  prune_configs_by={"early_config_prune": pruner(WIDE_CANDIDATES)}, **AUTOTUNE_OPTIONS)
 @triton.jit
 def _forward_kernel(
     Q, K, V, O, LSE,  # O like Q; LSE fp32, log2 units: (Z, H, N_Q), or (H, total_q) for varlen
     CU_Q, CU_K,  # varlen: (Z + 1,) int32 cumulative sequence starts; unused otherwise
     DESC_K, DESC_V,  # TMA: tensor descriptors of K and V as (Z * H_kv * N_K, d); unused otherwise
-    stride_qz, stride_qh, stride_qm, stride_qd,
-    stride_kz, stride_kh, stride_kn, stride_kd,
-    stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
-    H, GROUP, N_Q, N_K, qk_scale, win_left, win_right,
+    q_strides, k_strides, v_strides, o_strides,  # (batch, head, row, d) strides; batch 0 for varlen
+    lse_strides,  # (batch, head)
+    H, GROUP, N_Q, N_K, qk_scale,  # qk_scale = scale * log2(e)
+    band,  # (left, right): row i sees key j iff -left <= j - i - (N_K - N_Q) <= right (window_bounds)
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    VARLEN: tl.constexpr, PER_HEAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid (query blocks, Z * H) — FlashAttention-2's partitioning (§3.2) — or, with
-    PER_HEAD, (1, Z * H) with each program looping over all query blocks of its head:
-    the FlashAttention-1 partitioning, kept to measure the difference (chapter 5).
-    CAUSAL is folded into (win_left, win_right) by the host; it only keys the autotuner."""
+    """Grid (query blocks, Z * H): FlashAttention-2's partitioning (§3.2). CAUSAL is folded
+    into ``band`` by the host; it only keys the autotuner."""
     off_zh = tl.program_id(1)
     off_z = off_zh // H  # batch index (the sequence index for varlen)
     off_h = off_zh % H
     off_hkv = off_h // GROUP  # GQA: GROUP query heads share one K/V head
     # packed sequences (VARLEN): this sequence's first rows and lengths, from cu_seqlens
-    q_start, k_start, N_Q, N_K = sequence_bounds(CU_Q, CU_K, off_z, N_Q, N_K, VARLEN)
+    bounds = sequence_bounds(CU_Q, CU_K, off_z, N_Q, N_K, VARLEN)
+    q_start, k_start, N_Q, N_K = bounds
     kv_row0 = (off_z * (H // GROUP) + off_hkv) * N_K  # TMA: this K/V head's first row
-    if PER_HEAD:
-        for start_m in range(0, tl.cdiv(N_Q, BLOCK_M)):
-            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE, DESC_K, DESC_V, kv_row0,
-                           stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
-                           stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
-                           stride_lz, stride_lh, q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
-                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, TMA, BLOCK_M, BLOCK_N)
-    else:
-        start_m = tl.program_id(0)
-        if start_m * BLOCK_M < N_Q:  # varlen: programs past a short sequence's end do nothing
-            _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE, DESC_K, DESC_V, kv_row0,
-                           stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
-                           stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
-                           stride_lz, stride_lh, q_start, k_start, N_Q, N_K, qk_scale, win_left, win_right,
-                           D_HEAD, BLOCK_D, WINDOW, UPCAST, IEEE, WS, TMA, BLOCK_M, BLOCK_N)
+    start_m = tl.program_id(0)
+    if start_m * BLOCK_M < N_Q:  # varlen: programs past a short sequence's end do nothing
+        _forward_block(start_m, off_z, off_h, off_hkv, Q, K, V, O, LSE, DESC_K, DESC_V, kv_row0,
+                       q_strides, k_strides, v_strides, o_strides, lse_strides, bounds, qk_scale, band,
+                       D_HEAD, BLOCK_D, WINDOW, UPCAST, DOT_PRECISION, TMA, BLOCK_M, BLOCK_N)
 
 
 def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether K and V can be read through 2-D tensor descriptors: a Hopper-or-newer GPU (or
     Triton's interpreter, which emulates them), 16-bit K and V, contiguous, and a power-of-two
     head dimension >= 16 (rows of 16-byte multiples, no padded columns). float32, the teaching
-    path, keeps pointer loads: its tiles are twice as large, and on the H200 two of its
-    autotuning candidates with 128-key tiles failed through TMA (tests/test_kernels.py,
-    test_every_autotune_candidate), while its speed is not the point of it."""
+    path, keeps pointer loads: its tiles are twice as large, two of its autotuning candidates
+    with 128-key tiles fail through TMA (tests/test_kernels.py, test_every_autotune_candidate),
+    and its speed is not the point of it."""
     d = k.shape[-1]
     return (has_tma(k) and k.dtype in (torch.float16, torch.bfloat16) and k.is_contiguous() and v.is_contiguous()
             and d >= 16 and d & (d - 1) == 0)
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-            config: Candidate | None = None, *, window: tuple[int, int] | None = None,
-            grid: str = "v2", warp_specialize: bool = False, tma: bool | None = None,
-            cu_seqlens: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. q (Z, H, N_q, d), k and v (Z, H_kv, N_k, d), checked by the caller.
-
-    - ``config`` = (BLOCK_M, BLOCK_N, warps, stages) bypasses autotuning (tests, experiments);
-    - ``window`` = (left, right) sliding window, -1 = unbounded (flash-attn's convention);
-    - ``grid`` = "v2" (query blocks x heads) or "v1" (one program per head, chapter 5);
-    - ``warp_specialize`` = ask Triton to split the main loop into producer/consumer warps. With Triton
-      3.6 on sm_90 it changes nothing at 8 warps and fails to compile at 4 (results/compile_sm90, chapter 6);
-    - ``tma`` = load K and V through tensor descriptors (True: required; None, the default:
-      when :func:`tma_eligible` and N_k >= TMA_MIN_KEYS; False: pointer loads). On the H200
-      this lifts the d = 128 forward from 480 to 553 TFLOP/s (results/pipelining_h200, chapter 6);
-    - ``cu_seqlens`` = (cu_q, cu_k, max_seqlen_q, max_seqlen_k) for packed varlen input: then q is
-      (1, H, total_q, d) and k, v (1, H_kv, total_k, d) views of (total, heads, d) tensors.
-
-    Returns o like q and lse2 float32, the row log-sum-exp in log2 units (lse2 = lse / ln 2):
-    (Z, H, N_q), or (H, total_q) for varlen."""
+def kernel_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                     config: Candidate | None, window: tuple[int, int] | None, tma: bool | None,
+                     cu_seqlens: tuple[torch.Tensor, torch.Tensor, int, int] | None) -> tuple[tuple, dict, tuple]:
+    """What :func:`forward` launches ``_forward_kernel`` with: (positional arguments, constexpr
+    keywords, (query-block bound n_q, programs along the grid's second axis, o, lse2)). Also
+    used by the lab's kernel variants, which launch kernels of the same signature."""
     Z, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
+    varlen = cu_seqlens is not None
     o = torch.empty_like(q)
     block_d = max(16, triton.next_power_of_2(D))
-    if cu_seqlens is not None:
-        cu_q, cu_k, max_q, max_k = cu_seqlens
+    if varlen:
+        cu_q, cu_k, n_q, n_k = cu_seqlens  # bounds for the grid and the autotuner's key; the kernel reads the real ones
         seqs = cu_q.numel() - 1
         lse2 = torch.empty((H, N_Q), device=q.device, dtype=torch.float32)
-        strides = [0, *q.stride()[1:], 0, *k.stride()[1:], 0, *v.stride()[1:], 0, *o.stride()[1:], 0, lse2.stride(0)]
-        n_q, n_k = max_q, max_k  # bounds for the grid and the autotuner's key; the kernel reads the real ones
+        lse_strides = (0, lse2.stride(0))
     else:
         cu_q = cu_k = q  # unused placeholders
-        seqs = Z
+        seqs, n_q, n_k = Z, N_Q, N_K
         lse2 = torch.empty((Z, H, N_Q), device=q.device, dtype=torch.float32)
-        strides = [*q.stride(), *k.stride(), *v.stride(), *o.stride(), lse2.stride(0), lse2.stride(1)]
-        n_q, n_k = N_Q, N_K
-    if grid not in ("v1", "v2"):
-        raise ValueError(f"grid must be 'v1' or 'v2'; got {grid!r}")
-    left, right = window_bounds(causal, window, n_q, n_k)
-    eligible = cu_seqlens is None and tma_eligible(q, k, v)
+        lse_strides = lse2.stride()[:2]
+    eligible = not varlen and tma_eligible(q, k, v)
     if tma and not eligible:
         raise ValueError("tma=True needs a Hopper GPU, fp16 or bf16, contiguous K and V, a power-of-two head dimension "
                          f"and no varlen; got device {k.device}, dtype {k.dtype}, "
@@ -293,14 +272,30 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
         bn = config[1] if config is not None else 16
         desc_k = TensorDescriptor.from_tensor(k.view(-1, D), [bn, block_d])
         desc_v = TensorDescriptor.from_tensor(v.view(-1, D), [bn, block_d])
-    per_head = grid == "v1"
-    launch = lambda meta: (1 if per_head else triton.cdiv(n_q, meta["BLOCK_M"]), seqs * H)  # noqa: E731
+    args = (q, k, v, o, lse2, cu_q, cu_k, desc_k, desc_v,
+            *(strides_of(t, varlen, dims=4) for t in (q, k, v, o)), lse_strides,
+            H, H // H_KV, n_q, n_k, scale * LOG2E, window_bounds(causal, window, n_q, n_k))
+    constexprs = dict(D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, WINDOW=window is not None, VARLEN=varlen,
+                      UPCAST=INTERPRET, DOT_PRECISION=dot_precision(q.dtype), TMA=use_tma)
+    return args, constexprs, (n_q, seqs * H, o, lse2)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+            config: Candidate | None = None, *, window: tuple[int, int] | None = None, tma: bool | None = None,
+            cu_seqlens: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. q (Z, H, N_q, d), k and v (Z, H_kv, N_k, d), checked by the caller.
+
+    - ``config`` = (BLOCK_M, BLOCK_N, warps, stages) bypasses autotuning (tests, experiments);
+    - ``window`` = (left, right) sliding window, -1 = unbounded (flash-attn's convention);
+    - ``tma`` = load K and V through tensor descriptors (True: required; None, the default:
+      when :func:`tma_eligible` and N_k >= TMA_MIN_KEYS; False: pointer loads);
+    - ``cu_seqlens`` = (cu_q, cu_k, max_seqlen_q, max_seqlen_k) for packed varlen input: then q is
+      (1, H, total_q, d) and k, v (1, H_kv, total_k, d) views of (total, heads, d) tensors.
+
+    Returns o like q and lse2 float32, the row log-sum-exp in log2 units (lse2 = lse / ln 2):
+    (Z, H, N_q), or (H, total_q) for varlen."""
+    args, constexprs, (n_q, heads, o, lse2) = kernel_arguments(q, k, v, causal, scale, config, window, tma, cu_seqlens)
     kernel = _forward_kernel if config is None else _forward_kernel.fn
-    kernel[launch](
-        q, k, v, o, lse2, cu_q, cu_k, desc_k, desc_v, *strides,
-        H, H // H_KV, n_q, n_k, scale * 1.4426950408889634, left, right,  # scale * log2(e)
-        D_HEAD=D, BLOCK_D=block_d, CAUSAL=causal, WINDOW=window is not None, VARLEN=cu_seqlens is not None,
-        PER_HEAD=per_head, UPCAST=INTERPRET, IEEE=q.dtype == torch.float32, WS=warp_specialize, TMA=use_tma,
-        **launch_options(config),
-    )
+    kernel[lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), heads)](*args, **constexprs, **launch_options(config))
     return o, lse2
