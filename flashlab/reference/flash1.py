@@ -128,13 +128,13 @@ def flash1_step(
     (O_new, l_new, m_new) with the shapes of (O_i, l_i, m_i).
     """
     m_tilde = np.max(S_ij, axis=-1)  # line 10: m~_ij = rowmax(S_ij)  (..., Br)
-    m_tilde_ref = np.where(np.isneginf(m_tilde), 0.0, m_tilde)  # masked row: exp(-inf - 0) = 0, not NaN
-    P_tilde = np.exp(S_ij - m_tilde_ref[..., None])  # line 10: P~_ij = exp(S_ij - m~_ij)  (..., Br, Bc)
+    m_tilde_finite = np.where(np.isneginf(m_tilde), 0.0, m_tilde)  # masked row: exp(-inf - 0) = 0, not NaN
+    P_tilde = np.exp(S_ij - m_tilde_finite[..., None])  # line 10: P~_ij = exp(S_ij - m~_ij)  (..., Br, Bc)
     l_tilde = np.sum(P_tilde, axis=-1)  # line 10: l~_ij = rowsum(P~_ij)  (..., Br)
     m_new = np.maximum(m_i, m_tilde)  # line 11: m_new = max(m_i, m~_ij)
-    m_new_ref = np.where(np.isneginf(m_new), 0.0, m_new)  # no key seen yet: keep factors at 0
-    alpha = np.exp(m_i - m_new_ref)  # e^(m_i - m_new), rescales the old state
-    beta = np.exp(m_tilde - m_new_ref)  # e^(m~_ij - m_new), rescales this tile
+    m_new_finite = np.where(np.isneginf(m_new), 0.0, m_new)  # no key seen yet: keep factors at 0
+    alpha = np.exp(m_i - m_new_finite)  # e^(m_i - m_new), rescales the old state
+    beta = np.exp(m_tilde - m_new_finite)  # e^(m~_ij - m_new), rescales this tile
     l_new = alpha * l_i + beta * l_tilde  # line 11: l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
     numerator = (l_i * alpha)[..., None] * O_i + beta[..., None] * (P_tilde @ V_j)  # (..., Br, d_v)
     O_new = np.divide(  # line 12: O_i <- diag(l_new)^-1 (numerator)
@@ -240,7 +240,7 @@ def flash1_backward(
     row_blocks = block_ranges(n_q, Br)  # lines 3-4: Tr blocks of Q, O, dO, l, m
     col_blocks = block_ranges(n_k, Bc)  # lines 3-4: Tc blocks of K, V
     offset = n_k - n_q  # causal: query i sees key j iff j <= i + offset
-    m_ref = np.where(np.isneginf(m), 0.0, m)  # rows that saw no key: exp(-inf - 0) = 0
+    m_finite = np.where(np.isneginf(m), 0.0, m)  # rows that saw no key: exp(-inf - 0) = 0
     l_inv = np.divide(1.0, l, out=np.zeros_like(l), where=l > 0)  # diag(l)^-1; 0 for such rows
 
     dq = np.zeros_like(q)  # line 5: dQ = 0 in HBM   (..., N_q, d)
@@ -256,7 +256,7 @@ def flash1_backward(
                 continue  # P_ij = 0: the tile contributes to no gradient
             r = slice(*rows)
             Q_i, O_i, dO_i = q[..., r, :], o[..., r, :], do[..., r, :]  # line 10: load Q_i, O_i, dO_i ...
-            m_i, l_inv_i = m_ref[..., r], l_inv[..., r]  # line 10: load ... l_i, m_i
+            m_i, l_inv_i = m_finite[..., r], l_inv[..., r]  # line 10: load ... l_i, m_i
             S_ij = tau * (Q_i @ np.swapaxes(K_j, -1, -2))  # line 11: S_ij = tau Q_i K_j^T  (..., Br, Bc)
             if causal:
                 S_ij = np.where(causal_tile_mask(rows, cols, offset), S_ij, -np.inf)  # line 12: S^masked_ij = MASK(S_ij)

@@ -121,9 +121,9 @@ def flash2_forward(
             if causal:
                 S_ij = np.where(causal_tile_mask(rows, cols, offset), S_ij, -np.inf)  # causal: -inf after the diagonal
             m_new = np.maximum(m, np.max(S_ij, axis=-1))  # line 9: m_new = max(m, rowmax(S_ij))
-            m_ref = np.where(np.isneginf(m_new), 0.0, m_new)  # row saw no key yet: exp(-inf) = 0, not NaN
-            P_tilde = np.exp(S_ij - m_ref[..., None])  # line 9: P~_ij = exp(S_ij - m_new)  (..., Br, Bc)
-            alpha = np.exp(m - m_ref)  # e^(m - m_new): rescales the old state  (..., Br)
+            m_new_finite = np.where(np.isneginf(m_new), 0.0, m_new)  # row saw no key yet: exp(-inf) = 0, not NaN
+            P_tilde = np.exp(S_ij - m_new_finite[..., None])  # line 9: P~_ij = exp(S_ij - m_new)  (..., Br, Bc)
+            alpha = np.exp(m - m_new_finite)  # e^(m - m_new): rescales the old state  (..., Br)
             l = alpha * l + np.sum(P_tilde, axis=-1)  # line 9: l = e^(m - m_new) l + rowsum(P~_ij)
             o_tilde = alpha[..., None] * o_tilde + P_tilde @ V_j  # line 10: o_tilde = diag(e^(m - m_new)) o_tilde + P~_ij V_j
             m = m_new

@@ -118,9 +118,9 @@ class OnlineSoftmaxState:
         if s.shape[-1] == 0:  # an empty block changes nothing
             return self
         m_new = np.maximum(self.m, np.max(s, axis=-1))  # (1)
-        ref = np.where(np.isneginf(m_new), 0.0, m_new)  # all masked so far: keep exp() at 0, not NaN
-        alpha = np.exp(self.m - ref)  # exp(m - m_new): the one rescale factor per row
-        p = np.exp(s - ref[..., None])  # (..., B) exp(s_k - m_new)
+        m_new_finite = np.where(np.isneginf(m_new), 0.0, m_new)  # all masked so far: keep exp() at 0, not NaN
+        alpha = np.exp(self.m - m_new_finite)  # exp(m - m_new): the one rescale factor per row
+        p = np.exp(s - m_new_finite[..., None])  # (..., B) exp(s_k - m_new)
         l_new = alpha * self.l + np.sum(p, axis=-1)  # (2)
         if self.o_tilde is None:
             return OnlineSoftmaxState(m_new, l_new)
@@ -153,13 +153,13 @@ class OnlineSoftmaxState:
                 f"o_tilde shapes must match; got {self.o_tilde.shape} and {other.o_tilde.shape}"
             )
         m = np.maximum(self.m, other.m)  # (4)  (...,)
-        ref = np.where(np.isneginf(m), 0.0, m)  # both empty: keep exp() at 0, not NaN
-        a1 = np.exp(self.m - ref)  # exp(m_1 - m)
-        a2 = np.exp(other.m - ref)  # exp(m_2 - m)
-        l = a1 * self.l + a2 * other.l  # (4)
+        m_finite = np.where(np.isneginf(m), 0.0, m)  # both empty: keep exp() at 0, not NaN
+        alpha_1 = np.exp(self.m - m_finite)  # exp(m_1 - m)
+        alpha_2 = np.exp(other.m - m_finite)  # exp(m_2 - m)
+        l = alpha_1 * self.l + alpha_2 * other.l  # (4)
         if self.o_tilde is None:
             return OnlineSoftmaxState(m, l)
-        o = a1[..., None] * self.o_tilde + a2[..., None] * other.o_tilde  # (4)  (..., d_v)
+        o = alpha_1[..., None] * self.o_tilde + alpha_2[..., None] * other.o_tilde  # (4)  (..., d_v)
         return OnlineSoftmaxState(m, l, o)
 
     def output(self) -> np.ndarray:
