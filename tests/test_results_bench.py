@@ -76,6 +76,26 @@ def test_quick_bench_on_cpu(tmp_path):
     assert all(r["intensity"] == 5 / (2 * 4) for r in softmax_rows)  # 5 FLOPs per fp32 element read + written
 
 
+def test_quick_bench_tags_its_stems_by_device(tmp_path):
+    """Without --tag the chapter-1 stems carry the device: cpu here, the GPU's slug without its vendor on a GPU."""
+    assert bench.main(["--quick", "--suite", "ch01", "--out", str(tmp_path), "--ns", "64"]) == 0
+    tag = bench.stem_tag("cuda" if torch.cuda.is_available() else "cpu")
+    assert results.load(f"naive_vs_fused_{tag}", tmp_path).rows
+
+
+def test_stem_tag_drops_the_vendor(monkeypatch):
+    monkeypatch.setattr(bench, "gpu_slug", lambda: "nvidia-h200")
+    assert bench.stem_tag("cuda") == "h200" and bench.stem_tag("cpu") == "cpu"
+    monkeypatch.setattr(bench, "gpu_slug", lambda: "tesla-t4")
+    assert bench.stem_tag("cuda:0") == "tesla-t4"
+
+
+def test_paper_shape_is_the_benchmark_shape():
+    """compare_naive_fused takes B and H from lab.measure.paper_shape: 16384 tokens, H * d = 2048."""
+    rows = bench.compare_naive_fused([128], d=16, backends=("naive",), tokens=256, repeats=1)
+    assert (rows[0]["batch"], rows[0]["heads"]) == (2, 128)
+
+
 def test_bench_refuses_cpu_without_quick():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

@@ -5,10 +5,11 @@ writes, for each suite, ``results/STEM.csv`` + ``results/STEM.json`` with the
 provenance of the run (see :mod:`flashlab.lab.results`). On a CPU the same functions
 time small problems live (the notebooks use them that way).
 
-Conventions (those of the FlashAttention papers and of ../shared/anchors):
-- batch x sequence length = 16384 tokens, heads = 2048 / d;
-- forward FLOPs = 4 B H N^2 d (two matmuls), halved when causal; forward+backward
-  counts 3.5x the forward (the backward does 5 matmuls to the forward's 2);
+Conventions (those of the FlashAttention papers):
+- batch x sequence length = 16384 tokens, heads x d = 2048 (:func:`flashlab.lab.measure.paper_shape`);
+- forward FLOPs = 4 B H N^2 d (two matmuls, :func:`flashlab.reference.naive.attention_flops`),
+  halved when causal; forward+backward counts 3.5x the forward (the backward does 5 matmuls
+  to the forward's 2);
 - times are medians of ``triton.testing.do_bench`` on a GPU, of repeated
   ``time.perf_counter`` runs on a CPU.
 """
@@ -24,7 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from flashlab.lab.measure import gpu_slug, precompile, provenance, time_ms
+from flashlab.lab.measure import HEADS_X_D, TOKENS, gpu_slug, paper_shape, precompile, provenance, time_ms
 from flashlab.reference.naive import attention_flops
 
 __all__ = [
@@ -38,9 +39,6 @@ __all__ = [
     "provenance",
     "main",
 ]
-
-TOKENS = 16384
-HEAD_SIZE_TOTAL = 2048
 
 
 def naive_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -115,21 +113,21 @@ def compare_naive_fused(
 ) -> list[dict[str, object]]:
     """Time naive attention against fused backends over sequence lengths ``ns``.
 
-    batch = max(1, tokens // N), heads = 2048 // d unless given. Returns one row per
+    (batch, heads) = :func:`flashlab.lab.measure.paper_shape` unless heads is given. Returns one row per
     (backend, N, pass): ms, TFLOP/s and, on a GPU, the peak extra memory in bytes."""
-    heads = heads if heads is not None else max(1, HEAD_SIZE_TOTAL // d)
     rows = []
     for n in ns:
-        batch = max(1, tokens // n)
-        fwd_flops = attention_flops(n, n, d, causal=causal, batch=batch * heads)
+        batch, paper_heads = paper_shape(n, d, tokens)
+        n_heads = heads if heads is not None else paper_heads
+        fwd_flops = attention_flops(n, n, d, causal=causal, batch=batch * n_heads)
         for backend in backends:
-            for pas in passes:
-                q, k, v = _qkv(batch, heads, n, d, dtype, device, grad=(pas == "fwdbwd"))
+            for pass_name in passes:
+                q, k, v = _qkv(batch, n_heads, n, d, dtype, device, grad=(pass_name == "fwdbwd"))
                 if backend == "naive":
                     fwd = lambda: naive_attention_torch(q, k, v, causal)  # noqa: E731
                 else:
                     fwd = lambda: fused_attention_torch(q, k, v, causal, backend)  # noqa: E731
-                if pas == "fwd":
+                if pass_name == "fwd":
                     fn, flops = fwd, fwd_flops
                     with torch.no_grad():
                         ms, peak = time_ms(fn, device, repeats), _peak_extra_bytes(fn, device)
@@ -141,10 +139,10 @@ def compare_naive_fused(
                 rows.append(
                     {
                         "backend": backend,
-                        "pass": pas,
+                        "pass": pass_name,
                         "dtype": str(dtype).replace("torch.", ""),
                         "batch": batch,
-                        "heads": heads,
+                        "heads": n_heads,
                         "N": n,
                         "d": d,
                         "causal": causal,
@@ -172,8 +170,7 @@ def naive_step_costs(
     bytes it must move (inputs read once, output written once).
 
     Rows: step, ms, flops, bytes, TFLOP/s, GB/s, intensity (FLOP/byte)."""
-    heads = max(1, HEAD_SIZE_TOTAL // d)
-    batch = max(1, tokens // n)
+    batch, heads = paper_shape(n, d, tokens)
     q, k, v = _qkv(batch, heads, n, d, dtype, device)
     e = q.element_size()
     bh = batch * heads
@@ -245,11 +242,11 @@ def _forward_fn(name: str, causal: bool, q: torch.Tensor, k: torch.Tensor, v: to
 def _compile_one(kind: str, d: int, causal: bool, config: tuple) -> None:
     """Compile one configuration of flashlab's forward (``kind="fwd"``, config a Candidate) or
     backward (``"bwd"``, config = (dK/dV, dQ) Candidates) by running it once on a small input
-    whose integer arguments specialise like the suite's (multiples of 16, H = 2048 / d)."""
+    whose integer arguments specialise like the suite's (multiples of 16, H = HEADS_X_D / d)."""
     from flashlab.kernels.backward import backward
     from flashlab.kernels.forward import forward
 
-    q, k, v, do = (torch.randn(1, HEAD_SIZE_TOTAL // d, 256, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, do = (torch.randn(1, HEADS_X_D // d, 256, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     with torch.no_grad():
         if kind == "fwd":
             forward(q, k, v, causal, d**-0.5, config)
@@ -305,14 +302,14 @@ def kernel_suite(
 
 def _run_jobs(jobs, rows, device, dtype, tokens, passes, progress) -> None:
     for i, (d, causal, n, impl) in enumerate(jobs, 1):
-        B, H = max(1, tokens // n), max(1, HEAD_SIZE_TOTAL // d)
+        B, H = paper_shape(n, d, tokens)
         fwd_flops = attention_flops(n, n, d, causal=causal, batch=B * H)
-        for pas in passes:
-            if impl in OPTIONAL_IMPLS and pas != "fwd":
+        for pass_name in passes:
+            if impl in OPTIONAL_IMPLS and pass_name != "fwd":
                 continue  # the FP8 kernel is forward-only
             try:
-                q, k, v = _qkv(B, H, n, d, dtype, device, grad=(pas == "fwdbwd"))
-                if pas == "fwd":
+                q, k, v = _qkv(B, H, n, d, dtype, device, grad=(pass_name == "fwdbwd"))
+                if pass_name == "fwd":
                     with torch.no_grad():
                         ms = time_ms(_forward_fn(impl, causal, q, k, v), device)
                     flops = fwd_flops
@@ -323,15 +320,15 @@ def _run_jobs(jobs, rows, device, dtype, tokens, passes, progress) -> None:
                     flops = 3.5 * fwd_flops
             except (RuntimeError, ValueError) as exc:  # OOM, or a backend that refuses the shape
                 if progress:
-                    print(f"[{i}/{len(jobs)}] {impl} d={d} causal={causal} N={n} {pas}: skipped ({str(exc)[:80]})", flush=True)
+                    print(f"[{i}/{len(jobs)}] {impl} d={d} causal={causal} N={n} {pass_name}: skipped ({str(exc)[:80]})", flush=True)
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
                 continue
             row = {"impl": impl, "dtype": "float8_e4m3fn" if impl == "flashlab_fp8" else str(dtype).replace("torch.", ""), "causal": causal, "d": d, "N": n,
-                   "B": B, "H": H, "pass": pas, "ms": round(ms, 5), "tflops": round(flops / (ms * 1e-3) / 1e12, 2)}
+                   "B": B, "H": H, "pass": pass_name, "ms": round(ms, 5), "tflops": round(flops / (ms * 1e-3) / 1e12, 2)}
             rows.append(row)
             if progress:
-                print(f"[{i}/{len(jobs)}] {impl:>10} d={d} causal={causal!s:5} N={n:>5} {pas:>6}: {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s", flush=True)
+                print(f"[{i}/{len(jobs)}] {impl:>10} d={d} causal={causal!s:5} N={n:>5} {pass_name:>6}: {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s", flush=True)
             del q, k, v
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -353,6 +350,15 @@ def ceilings(device: str = "cuda") -> list[dict[str, object]]:
     ]
 
 
+def stem_tag(device: str) -> str:
+    """The suffix of the chapter-1 result stems: the GPU's slug without its vendor
+    ("NVIDIA H200" -> "h200"), "cpu" without a GPU."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    slug = gpu_slug()
+    return slug.split("-", 1)[1] if slug.startswith(("nvidia-", "amd-")) else slug
+
+
 def main(argv: list[str] | None = None) -> int:
     from flashlab.lab import results
 
@@ -361,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", choices=["all", "kernels", "ch01"], default="all",
                         help="kernels: flashlab vs SDPA vs naive -> OUT/<gpu-slug>/bench.csv; "
                              "ch01: naive vs fused, per-step costs, ceilings -> OUT/*_TAG.csv")
-    parser.add_argument("--tag", default="h200", help="suffix of the chapter-1 result stems")
+    parser.add_argument("--tag", help="suffix of the chapter-1 result stems (default: the GPU's slug without its "
+                                          "vendor, e.g. h200; cpu without a GPU)")
     parser.add_argument("--ns", type=int, nargs="+", help="sequence lengths (default 512 ... 16384)")
     parser.add_argument("--ds", type=int, nargs="+", default=[64, 128], help="head dimensions of the kernel suite")
     parser.add_argument("--passes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"],
@@ -396,20 +403,21 @@ def main(argv: list[str] | None = None) -> int:
         slug = gpu_slug() if device == "cuda" else "cpu"
         written += results.write("bench", rows, meta, Path(args.out) / slug)
     if args.suite in ("all", "ch01"):
+        tag = args.tag or stem_tag(device)
         backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
         suites: dict[str, list[dict[str, object]]] = {
-            f"naive_vs_fused_{args.tag}": [
+            f"naive_vs_fused_{tag}": [
                 row
                 for d in (64, 128)
                 for row in compare_naive_fused(ns, d, device=device, dtype=dtype, backends=backends,
                                                passes=("fwd", "fwdbwd"), tokens=tokens)
             ],
-            f"naive_steps_{args.tag}": [
+            f"naive_steps_{tag}": [
                 row for n in ns for d in (64, 128) for row in naive_step_costs(n, d, device=device, dtype=dtype, tokens=tokens)
             ],
         }
         if device == "cuda":
-            suites[f"ceilings_{args.tag}"] = ceilings(device)
+            suites[f"ceilings_{tag}"] = ceilings(device)
         for stem, rows in suites.items():
             written += results.write(stem, rows, meta, args.out)
     for path in written:

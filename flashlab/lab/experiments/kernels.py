@@ -6,8 +6,9 @@
 - :func:`memory`      — forward + backward at N = 131072: peak memory beyond the tensors
 - :func:`beyond`      — causal, sliding window, GQA, varlen vs padding, split-KV decoding
 
-Each writes ``OUT/<name>_h200.csv/.json`` with provenance; FLOPs are counted as in the
-bench (forward 4·B·H·N_q·N_k·d, halved when causal; forward + backward 3.5x forward).
+Each writes ``OUT/<name>_<tag>.csv/.json`` with provenance (:func:`flashlab.lab.experiments.record`);
+FLOPs are :func:`flashlab.reference.naive.attention_flops` (halved when causal), forward +
+backward 3.5x the forward, as in the bench.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-from flashlab.lab.experiments import measure_case, ms, record, require_gpu
+from flashlab.lab.experiments import measure_case, record, require_gpu
+from flashlab.lab.measure import paper_shape, time_ms
+from flashlab.reference.naive import attention_flops
 
 BF16 = torch.bfloat16
 
@@ -44,7 +47,12 @@ def _graph_ms(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), torch.no_grad():
         fn()
-    return ms(graph.replay)
+    return _median_ms(graph.replay)
+
+
+def _median_ms(fn) -> float:
+    """Median milliseconds of ``fn`` on the GPU (:func:`flashlab.lab.measure.time_ms`)."""
+    return time_ms(fn, "cuda")
 
 
 def _tflops(flops: float, t_ms: float) -> float:
@@ -52,7 +60,7 @@ def _tflops(flops: float, t_ms: float) -> float:
 
 
 def _fwd_flops(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool) -> float:
-    return 4 * B * H * n_q * n_k * d * (0.5 if causal else 1.0)
+    return attention_flops(n_q, n_k, d, causal=causal, batch=B * H)
 
 
 # ----------------------------------------------------------------------------- chapter 5
@@ -60,7 +68,7 @@ def grid(out: Path) -> list[Path]:
     """The same forward kernel and block configuration launched on the two grids of chapter 5.
     v1: (1, B*H) programs, each looping over its query blocks; v2: (N/BLOCK_M, B*H)."""
     require_gpu()
-    from flashlab.kernels.forward import forward
+    from flashlab.lab.variants.forward_schedules import forward
 
     config = (128, 128, 8, 3)  # one configuration (and pointer loads) for both grids, so only the partitioning differs
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -71,7 +79,7 @@ def grid(out: Path) -> list[Path]:
                 q, k, v = _qkv(B, H, N, d)
                 for g in ("v1", "v2"):
                     with torch.no_grad():
-                        t = ms(lambda: forward(q, k, v, causal, d**-0.5, config, grid=g, tma=False))
+                        t = _median_ms(lambda: forward(q, k, v, causal, d**-0.5, config, grid=g, tma=False))
                     programs = B * H * (1 if g == "v1" else -(-N // config[0]))
                     row = {"grid": g, "B": B, "H": H, "N": N, "d": d, "causal": causal, "BLOCK_M": config[0],
                            "BLOCK_N": config[1], "programs": programs, "sms": sms, "ms": round(t, 5),
@@ -97,11 +105,11 @@ _PIPELINE_CASES = [
 
 
 def _pipeline_case(d, N, causal, bm, bn, warps, stages, tma, ws, timed: bool = False) -> dict[str, object]:
-    """Run (and, if ``timed``, time) the forward with one fixed configuration at B*N = 16k
-    tokens, H = 2048/d; returns the experiment's row."""
-    from flashlab.kernels.forward import forward
+    """Run (and, if ``timed``, time) the forward with one fixed configuration at the papers'
+    shape (:func:`flashlab.lab.measure.paper_shape`); returns the experiment's row."""
+    from flashlab.lab.variants.forward_schedules import forward
 
-    B, H = 16384 // N, 2048 // d
+    B, H = paper_shape(N, d)
     row: dict[str, object] = {"d": d, "N": N, "B": B, "H": H, "causal": causal, "BLOCK_M": bm, "BLOCK_N": bn,
                               "warps": warps, "stages": stages, "warp_specialize": ws, "tma": tma}
     q, k, v = _qkv(B, H, N, d)
@@ -156,11 +164,11 @@ def determinism(out: Path) -> list[Path]:
     for d in (64, 128):
         for causal in (False, True):
             for N in (1024, 4096, 16384):
-                B, H = 16384 // N, 2048 // d
+                B, H = paper_shape(N, d)
                 q, k, v = _qkv(B, H, N, d, grad=True)
                 do = torch.randn_like(q)
                 for det in (True, False):
-                    t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do))
+                    t = _median_ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=det), (q, k, v), do))
                     rows.append({"kind": "speed", "deterministic": det, "causal": causal, "d": d, "N": N, "B": B, "H": H,
                                  "runs": "", "distinct_dq": "", "max_abs_diff": "", "fraction_changed": "",
                                  "ms": round(t, 5), "tflops": _tflops(3.5 * _fwd_flops(B, H, N, N, d, causal), t)})
@@ -197,7 +205,7 @@ def memory(out: Path) -> list[Path]:
             peak = torch.cuda.max_memory_allocated() - before
             tensor = N * d * 2
             accounted = 4 * tensor + 2 * N * 4  # o, dq, dk, dv, lse and D
-            t = ms(lambda: torch.autograd.grad(fn(), (q, k, v), do))
+            t = _median_ms(lambda: torch.autograd.grad(fn(), (q, k, v), do))
             rows.append({"impl": impl, "causal": causal, "N": N, "d": d, "peak_mib": round(peak / 2**20, 2),
                          "extra_mib": round((peak - accounted) / 2**20, 2), "tensor_mib": round(tensor / 2**20, 2),
                          "nxn_bf16_gib": round(N * N * 2 / 2**30, 1), "ms": round(t, 3),
@@ -211,15 +219,18 @@ def memory(out: Path) -> list[Path]:
 # ----------------------------------------------------------------------------- chapter 9
 def beyond(out: Path) -> list[Path]:
     """The features of chapter 9 but decoding (:func:`decode`), each timed beside its baseline, with rows in the bench columns
-    (impl, dtype, causal, d, N, B, H, pass, ms, tflops) plus a 'case' and a 'note'."""
+    (impl, dtype, causal, d, N, B, H, pass, ms, tflops) plus the case and what it varies: window (keys back),
+    h_kv (K/V heads), padding (the fraction of a padded batch that is padding) and peak_gib (peak memory);
+    blank where a case does not vary it."""
     require_gpu()
     from flashlab.kernels import flash_attention, flash_attention_varlen
 
     rows: list[dict[str, object]] = []
 
-    def add(case, impl, causal, d, N, B, H, pas, t, flops, note=""):
+    def add(case, impl, causal, d, N, B, H, pass_name, t, flops, window="", h_kv="", padding="", peak_gib=""):
         rows.append({"case": case, "impl": impl, "dtype": "bfloat16", "causal": causal, "d": d, "N": N, "B": B, "H": H,
-                     "pass": pas, "ms": round(t, 5), "tflops": _tflops(flops, t) if flops else "", "note": note})
+                     "pass": pass_name, "ms": round(t, 5), "tflops": _tflops(flops, t) if flops else "",
+                     "window": window, "h_kv": h_kv, "padding": padding, "peak_gib": peak_gib})
         print(rows[-1], flush=True)
 
     # 1. causal vs full at N = 16k (time saved; FLOPs counted as full for both, to compare times)
@@ -228,17 +239,17 @@ def beyond(out: Path) -> list[Path]:
     do = torch.randn_like(q)
     for causal in (False, True):
         with torch.no_grad():
-            t = ms(lambda: flash_attention(q, k, v, causal=causal))
+            t = _median_ms(lambda: flash_attention(q, k, v, causal=causal))
         add("causal", "flashlab", causal, d, N, B, H, "fwd", t, _fwd_flops(B, H, N, N, d, causal))
-        t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do))
+        t = _median_ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do))
         add("causal", "flashlab", causal, d, N, B, H, "fwdbwd", t, 3.5 * _fwd_flops(B, H, N, N, d, causal))
     # 2. sliding window (left 1024, causal) at N = 16k vs causal
     for window in ((1024, 0), (4096, 0)):
         with torch.no_grad():
-            t = ms(lambda: flash_attention(q, k, v, causal=True, window=window))
-        add("window", "flashlab", True, d, N, B, H, "fwd", t, 0, note=f"window={window[0]}")
-        t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True, window=window), (q, k, v), do))
-        add("window", "flashlab", True, d, N, B, H, "fwdbwd", t, 0, note=f"window={window[0]}")
+            t = _median_ms(lambda: flash_attention(q, k, v, causal=True, window=window))
+        add("window", "flashlab", True, d, N, B, H, "fwd", t, 0, window=window[0])
+        t = _median_ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True, window=window), (q, k, v), do))
+        add("window", "flashlab", True, d, N, B, H, "fwdbwd", t, 0, window=window[0])
     del q, k, v, do
     # 3. GQA / MQA: 32 query heads, 32 / 8 / 1 K/V heads, N = 8k
     B, H, N, d = 2, 32, 8192, 128
@@ -246,10 +257,10 @@ def beyond(out: Path) -> list[Path]:
         q, k, v = _qkv(B, H, N, d, H_kv=h_kv, grad=True)
         do = torch.randn_like(q)
         with torch.no_grad():
-            t = ms(lambda: flash_attention(q, k, v, causal=True))
-        add("gqa", "flashlab", True, d, N, B, H, "fwd", t, _fwd_flops(B, H, N, N, d, True), note=f"h_kv={h_kv}")
-        t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do))
-        add("gqa", "flashlab", True, d, N, B, H, "fwdbwd", t, 3.5 * _fwd_flops(B, H, N, N, d, True), note=f"h_kv={h_kv}")
+            t = _median_ms(lambda: flash_attention(q, k, v, causal=True))
+        add("gqa", "flashlab", True, d, N, B, H, "fwd", t, _fwd_flops(B, H, N, N, d, True), h_kv=h_kv)
+        t = _median_ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do))
+        add("gqa", "flashlab", True, d, N, B, H, "fwdbwd", t, 3.5 * _fwd_flops(B, H, N, N, d, True), h_kv=h_kv)
         del q, k, v, do
     # 4. varlen vs padding: 16 sequences of random length in [1, 4096] (about half of a padded batch)
     g = torch.Generator().manual_seed(0)
@@ -258,31 +269,32 @@ def beyond(out: Path) -> list[Path]:
     cu = torch.zeros(B + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(lengths, 0)
     total = int(cu[-1])
-    flops = sum(4 * H * int(n) * int(n) * d * 0.5 for n in lengths)  # useful work, causal
+    flops = sum(attention_flops(int(n), int(n), d, causal=True, batch=H) for n in lengths)  # useful work
     qp, kp, vp = (torch.randn(total, H, d, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3))
     dop = torch.randn_like(qp)
     cu_d = cu.cuda()
-    note = f"padding={1 - total / (B * L):.3f}"
+    padding = round(1 - total / (B * L), 3)
     with torch.no_grad():
-        t = ms(lambda: flash_attention_varlen(qp, kp, vp, cu_d, cu_d, L, L, causal=True))
-    add("varlen", "flashlab_varlen", True, d, L, B, H, "fwd", t, flops, note)
-    t = ms(lambda: torch.autograd.grad(flash_attention_varlen(qp, kp, vp, cu_d, cu_d, L, L, causal=True), (qp, kp, vp), dop))
-    add("varlen", "flashlab_varlen", True, d, L, B, H, "fwdbwd", t, 3.5 * flops, note)
+        t = _median_ms(lambda: flash_attention_varlen(qp, kp, vp, cu_d, cu_d, L, L, causal=True))
+    add("varlen", "flashlab_varlen", True, d, L, B, H, "fwd", t, flops, padding=padding)
+    t = _median_ms(lambda: torch.autograd.grad(flash_attention_varlen(qp, kp, vp, cu_d, cu_d, L, L, causal=True), (qp, kp, vp), dop))
+    add("varlen", "flashlab_varlen", True, d, L, B, H, "fwdbwd", t, 3.5 * flops, padding=padding)
     q, k, v = _qkv(B, H, L, d, grad=True)  # the padded batch: every sequence stretched to L
     do = torch.randn_like(q)
     with torch.no_grad():
-        t = ms(lambda: flash_attention(q, k, v, causal=True))
-    add("varlen", "flashlab_padded", True, d, L, B, H, "fwd", t, flops, note)
-    t = ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do))
-    add("varlen", "flashlab_padded", True, d, L, B, H, "fwdbwd", t, 3.5 * flops, note)
+        t = _median_ms(lambda: flash_attention(q, k, v, causal=True))
+    add("varlen", "flashlab_padded", True, d, L, B, H, "fwd", t, flops, padding=padding)
+    t = _median_ms(lambda: torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do))
+    add("varlen", "flashlab_padded", True, d, L, B, H, "fwdbwd", t, 3.5 * flops, padding=padding)
     # padding + masking as a PyTorch user would write it: SDPA with a boolean mask (no flash backend takes one)
     valid = torch.arange(L)[None, :] < lengths[:, None]
     mask = (torch.ones(L, L, dtype=torch.bool).tril()[None] & valid[:, None, :] & valid[:, :, None]) | torch.eye(L, dtype=torch.bool)[None]
     mask = mask[:, None].cuda()
     torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
-        t = ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
-    add("varlen", "sdpa_padded_mask", True, d, L, B, H, "fwd", t, flops, note + f";peak_gib={torch.cuda.max_memory_allocated() / 2**30:.1f}")
+        t = _median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    add("varlen", "sdpa_padded_mask", True, d, L, B, H, "fwd", t, flops, padding=padding,
+        peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1))
     del q, k, v, do, qp, kp, vp, dop, mask
     torch.cuda.empty_cache()
     return record("beyond", rows, out)
@@ -318,7 +330,8 @@ def _paged(cache: torch.Tensor, page_size: int, seed: int = 0) -> tuple[torch.Te
 
 def decode(out: Path) -> list[Path]:
     """Decoding (chapter 9): one new token per sequence against a long KV cache, d = 128.
-    Each implementation is timed three ways: called from Python (do_bench, as a plain loop
+    Columns beyond the bench's: gbps (K and V bytes per second), max_err, host_us, and, for the
+    split sweep, num_splits and the heuristic's chosen_splits. Each implementation is timed three ways: called from Python (do_bench, as a plain loop
     runs it), replayed as a CUDA graph (the GPU's time alone, as serving engines run decoding),
     and the host's own cost per call. Also: the paged cache (pages of 16 and 256 keys, shuffled)
     against the contiguous one, and the split count swept around the heuristic's choice."""
@@ -329,10 +342,11 @@ def decode(out: Path) -> list[Path]:
 
     rows: list[dict[str, object]] = []
 
-    def add(impl, d, N, B, H, t, flops, bytes_, note=""):
+    def add(impl, d, N, B, H, t, flops, bytes_, max_err="", host_us="", num_splits="", chosen_splits=""):
         rows.append({"case": "decode", "impl": impl, "dtype": "bfloat16", "causal": False, "d": d, "N": N, "B": B, "H": H,
                      "pass": "fwd", "ms": round(t, 5), "tflops": _tflops(flops, t),
-                     "note": f"GB/s={bytes_ / (t * 1e-3) / 1e9:.0f}" + (f";{note}" if note else "")})
+                     "gbps": round(bytes_ / (t * 1e-3) / 1e9), "max_err": max_err, "host_us": host_us,
+                     "num_splits": num_splits, "chosen_splits": chosen_splits})
         print(rows[-1], flush=True)
 
     d = 128
@@ -342,7 +356,7 @@ def decode(out: Path) -> list[Path]:
         kc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g)
         vc = torch.randn(B, H, N, d, device="cuda", dtype=BF16, generator=g)
         seqlens = torch.full((B,), N, dtype=torch.int32, device="cuda")
-        flops, bytes_ = 4 * B * H * N * d, 2 * B * H * N * d * 2  # K and V read once
+        flops, bytes_ = attention_flops(1, N, d, batch=B * H), 2 * B * H * N * d * 2  # K and V read once
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kc.float(), vc.float())
         impls = {
             "flashlab_decode_unsplit": lambda: flash_decode(q, kc, vc, seqlens, num_splits=1, validate=False),
@@ -363,13 +377,13 @@ def decode(out: Path) -> list[Path]:
             try:
                 with torch.no_grad():
                     err = (fn().float() - ref).abs().max().item()
-                    t = ms(fn)
+                    t = _median_ms(fn)
                     host = _host_us(fn)
                     t_graph = _graph_ms(fn)
             except (RuntimeError, ValueError) as exc:
                 print(f"decode {impl}: skipped ({str(exc)[:80]})", flush=True)
                 continue
-            add(impl, d, N, B, H, t, flops, bytes_, f"max_err={err:.1e};host_us={host:.1f}")
+            add(impl, d, N, B, H, t, flops, bytes_, max_err=f"{err:.1e}", host_us=round(host, 1))
             add(impl + "_graph", d, N, B, H, t_graph, flops, bytes_)
         # the split count: the heuristic's choice against its neighbours, GPU time only (graphs)
         block_m, block_n, _, _ = _launch_config(1, d)
@@ -377,7 +391,7 @@ def decode(out: Path) -> list[Path]:
         for s in sorted({1, 2, 4, 8, 16, 32, 64, 128, chosen}):
             with torch.no_grad():
                 t = _graph_ms(lambda: flash_decode(q, kc, vc, seqlens, num_splits=s, validate=False))
-            add(f"flashlab_decode_splits{s}_graph", d, N, B, H, t, flops, bytes_, f"num_splits={s};chosen={chosen}")
+            add(f"flashlab_decode_splits{s}_graph", d, N, B, H, t, flops, bytes_, num_splits=s, chosen_splits=chosen)
         del q, kc, vc, impls
         torch.cuda.empty_cache()
     return record("decode", rows, out)
