@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashlab.lab import bench, results
+from flashlab.lab.measure import gpu_tag
 
 
 def test_every_recorded_result_has_provenance():
@@ -79,15 +80,8 @@ def test_quick_bench_on_cpu(tmp_path):
 def test_quick_bench_tags_its_stems_by_device(tmp_path):
     """Without --tag the chapter-1 stems carry the device: cpu here, the GPU's slug without its vendor on a GPU."""
     assert bench.main(["--quick", "--suite", "ch01", "--out", str(tmp_path), "--ns", "64"]) == 0
-    tag = bench.stem_tag("cuda" if torch.cuda.is_available() else "cpu")
+    tag = gpu_tag() if torch.cuda.is_available() else "cpu"
     assert results.load(f"naive_vs_fused_{tag}", tmp_path).rows
-
-
-def test_stem_tag_drops_the_vendor(monkeypatch):
-    monkeypatch.setattr(bench, "gpu_slug", lambda: "nvidia-h200")
-    assert bench.stem_tag("cuda") == "h200" and bench.stem_tag("cpu") == "cpu"
-    monkeypatch.setattr(bench, "gpu_slug", lambda: "tesla-t4")
-    assert bench.stem_tag("cuda:0") == "tesla-t4"
 
 
 def test_paper_shape_is_the_benchmark_shape():

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from flashlab.lab.measure import HEADS_X_D, TOKENS, gpu_slug, paper_shape, precompile, provenance, time_ms
+from flashlab.lab.measure import HEADS_X_D, TOKENS, gpu_slug, gpu_tag, paper_shape, precompile, provenance, time_ms
 from flashlab.reference.naive import attention_flops
 
 __all__ = [
@@ -350,15 +350,6 @@ def ceilings(device: str = "cuda") -> list[dict[str, object]]:
     ]
 
 
-def stem_tag(device: str) -> str:
-    """The suffix of the chapter-1 result stems: the GPU's slug without its vendor
-    ("NVIDIA H200" -> "h200"), "cpu" without a GPU."""
-    if not device.startswith("cuda"):
-        return "cpu"
-    slug = gpu_slug()
-    return slug.split("-", 1)[1] if slug.startswith(("nvidia-", "amd-")) else slug
-
-
 def main(argv: list[str] | None = None) -> int:
     from flashlab.lab import results
 
@@ -403,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         slug = gpu_slug() if device == "cuda" else "cpu"
         written += results.write("bench", rows, meta, Path(args.out) / slug)
     if args.suite in ("all", "ch01"):
-        tag = args.tag or stem_tag(device)
+        tag = args.tag or (gpu_tag() if device.startswith("cuda") else "cpu")
         backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
         suites: dict[str, list[dict[str, object]]] = {
             f"naive_vs_fused_{tag}": [
