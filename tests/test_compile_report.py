@@ -58,6 +58,17 @@ def test_compiles_the_fp8_kernel_for_sm90_without_a_gpu():
     assert row["programs_per_sm"] >= 1 and row["instructions_per_score"] > 1
 
 
+def test_compiles_the_forward_kernel_and_its_warp_specialised_variant():
+    """The bf16 forward (TMA loads of K and V) and the lab variant whose key loop Triton splits
+    into producer and consumer warps compile for sm_90 to the same key loop: at 8 warps Triton
+    adds no warp-specialised region."""
+    plain = _report("forward", (128, 128, 8, 3), 128)
+    ws = _report("forward", (128, 128, 8, 3), 128, warp_specialize=True)
+    assert plain["status"] == ws["status"] == "ok", (plain["status"], ws["status"])
+    assert plain["hgmma"] > 0 and plain["mufu"] > 0 and plain["qgmma"] == 0
+    assert ws["loop_instructions"] == plain["loop_instructions"] and not ws["warp_specialized"]
+
+
 def test_pipelined_pv_keeps_q_in_registers():
     """pipeline="pv" holds one more V buffer; Q as a register operand keeps two programs per SM."""
     row = _report("fp8", (64, 128, 4, 3), 128, v_block=None, pipeline="pv")
@@ -96,10 +107,10 @@ def test_no_kernel_function_takes_more_than_30_parameters():
     """Long signatures are grouped (tuples of strides, tensor descriptors in the pointers' place)."""
     import triton
 
-    from flashlab.kernels import fa4, fp8
-    from flashlab.lab.variants import fp8_schedules
+    from flashlab.kernels import _common, backward, decoding, fa4, forward, fp8
+    from flashlab.lab.variants import forward_schedules, fp8_schedules
 
-    for module in (fp8, fa4, fp8_schedules):
+    for module in (forward, backward, decoding, _common, fp8, fa4, forward_schedules, fp8_schedules):
         for name, obj in vars(module).items():
             fn = obj.fn if isinstance(obj, triton.runtime.Autotuner) else obj  # the jit function under autotuning
             if isinstance(fn, triton.runtime.JITFunction) and fn.__module__ == module.__name__:

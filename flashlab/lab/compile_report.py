@@ -101,6 +101,11 @@ def _signature(fn, pointers: dict[str, str], descriptors: dict[str, str], scalar
             sig[name] = (("i32", "i32", "constexpr"),) * 3
             consts.update({(i, t, 2): 1 for t in range(3)})
             attrs.update({(i, t, j): div16 for t in range(3) for j in range(2)})
+        elif name == "lse_strides":  # (batch, head) of the (B, H, N) log-sum-exp; rows contiguous
+            sig[name] = ("i32", "i32")
+            attrs.update({(i, j): div16 for j in range(2)})
+        elif name == "band":  # (left, right): the keys a query row may see, relative to its diagonal
+            sig[name] = ("i32", "i32")
         elif name.endswith("_strides"):
             sig[name] = ("i32", "i32", "i32", "constexpr")
             consts[(i, 3)] = 1
@@ -115,7 +120,8 @@ def _signature(fn, pointers: dict[str, str], descriptors: dict[str, str], scalar
 def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
     """Compile one configuration of ``kernel`` for sm_90, non-causal, N a multiple of the tiles.
 
-    "forward": bf16, options tma (default True) and warp_specialize. "fp8": e4m3 with Q and K
+    "forward": bf16, options tma (default True) and warp_specialize (the lab variant
+    :mod:`flashlab.lab.variants.forward_schedules`). "fp8": e4m3 with Q and K
     descales per block of 128 rows, TMA loads of Q, K and V; options v_block (128 or None: one V
     descale per head), and pipeline (False, "qk" or "pv") and rescale_threshold (None or theta),
     which compile the lab variant :mod:`flashlab.lab.variants.fp8_schedules` with the switches
@@ -136,14 +142,18 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
     extra = {"maxnreg": config[4]} if len(config) > 4 else {}
     if kernel == "forward":
         from flashlab.kernels import forward as kf
+        from flashlab.lab.variants import forward_schedules as fs
 
-        fn = kf._forward_kernel.fn
         tma = options.get("tma", True)
         desc = f"tensordesc<bf16[{bn}, {d}]>" if tma else "*bf16"
         pointers = {n: "*bf16" for n in ("Q", "K", "V", "O")} | {"LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32"}
-        cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, WINDOW=False, VARLEN=False, PER_HEAD=False, UPCAST=False,
-                  IEEE=False, WS=bool(options.get("warp_specialize", False)), TMA=tma, BLOCK_M=bm, BLOCK_N=bn,
-                  stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1)
+        cx = dict(D_HEAD=d, BLOCK_D=d, CAUSAL=False, WINDOW=False, VARLEN=False, UPCAST=False,
+                  DOT_PRECISION="tf32", TMA=tma, BLOCK_M=bm, BLOCK_N=bn)
+        if options.get("warp_specialize", False):  # the lab variant: the key loop warp-specialised
+            fn = fs._forward_schedule_kernel
+            cx.update(PER_HEAD=False, FORWARD_BLOCK=fs._forward_block_warp_specialized)
+        else:
+            fn = kf._forward_kernel.fn
         descriptors = {"DESC_K": desc, "DESC_V": desc} if tma else {"DESC_K": "*bf16", "DESC_V": "*bf16"}
         scalars = {"qk_scale": "fp32"}
     elif kernel == "fp8":
