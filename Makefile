@@ -19,8 +19,9 @@ STAMP      := $(VENV)/.flashlab-installed
 # <chapter>/<chapter>.ipynb); the scores go to GRADES, one row per student and exercise.
 SUBMISSIONS ?=
 GRADES      ?= build/grades.csv
+GRADE_FLAGS ?=
 
-.PHONY: book test lab figures assignments grade grade-needs-submissions bench notebooks install chromium clean help
+.PHONY: book test lab figures assignments grade grade-needs-submissions bench notebooks install chromium bubblewrap clean help
 .DEFAULT_GOAL := help
 
 help:
@@ -44,10 +45,16 @@ chromium:
 	  echo "installing Debian's chromium for the site test"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# bubblewrap: the sandbox every submission is graded in (Debian package); installed only if missing.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  echo "installing Debian's bubblewrap for the grader's sandbox"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+
 book: $(STAMP)
 	$(PY) -m flashlab.course.site build
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium bubblewrap
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests
 	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
@@ -62,8 +69,10 @@ assignments: $(STAMP)
 	$(PY) -m flashlab.course.assignments build/assignments
 
 # Checked before the install, so a forgotten argument fails at once.
-grade: $(if $(SUBMISSIONS),$(STAMP),grade-needs-submissions)
-	$(PY) -m flashlab.course.assignments grade "$(SUBMISSIONS)" --out "$(GRADES)"
+# Each notebook runs in its own bubblewrap sandbox; GRADE_FLAGS passes more options
+# (e.g. --student NAME, --chapter NAME; see `python -m flashlab.course.assignments grade -h`).
+grade: $(if $(SUBMISSIONS),$(STAMP) bubblewrap,grade-needs-submissions)
+	$(PY) -m flashlab.course.assignments grade "$(SUBMISSIONS)" --out "$(GRADES)" $(GRADE_FLAGS)
 
 grade-needs-submissions:
 	@echo "make grade needs the folder of submissions: make grade SUBMISSIONS=<folder>" >&2

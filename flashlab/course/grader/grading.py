@@ -1,0 +1,468 @@
+"""Grading submissions: each notebook in its own sandbox, the checks outside it.
+
+:func:`grade` takes a folder of submissions (:func:`find_submissions`), grades every
+notebook with :func:`grade_notebook` and, once every sandbox is gone, writes the CSV
+itself (:data:`GRADE_COLUMNS`, one row per student and exercise). For one notebook:
+
+1. the submission is read as data; the book's tests cells (hidden tests included)
+   take the place of the tests cells, matched by grade_id (:func:`_for_grading`);
+2. a kernel starts in a fresh sandbox (:mod:`.sandbox`) holding only the submitted
+   notebook, and runs the submission's cells top to bottom, except the tests cells;
+3. at each tests cell the grader runs the book's tests in its own process
+   (:class:`.session.Checker`), calling the student's functions in the kernel and
+   receiving what they return as data;
+4. a tests cell that raises nothing earns its points.
+
+:func:`grade_variants` runs many answers to a chapter's exercises in one sandbox;
+``tests/test_mutations.py`` uses it to check that a bank of known-wrong answers is
+caught, and ``tests/exploits/`` that submissions attacking the grader get nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from . import sandbox
+from .notebook import (
+    NOTEBOOKS_DIR,
+    Exercise,
+    _grade_id,
+    _nbgrader_meta,
+    exercises,
+    replace_solution_body,
+    strip_hidden_tests,
+)
+from .session import Checker, KernelSession, Outcome, defined_names
+
+#: Columns of the grades CSV, in order.
+GRADE_COLUMNS = ("student", "chapter", "exercise", "points", "max_points", "status", "message")
+#: What a status means. Every exercise of every graded chapter gets one row per student.
+STATUSES = {
+    "passed": "the tests cell (visible and hidden tests) ran without an exception: full points",
+    "failed": "a check rejected the answer (the tests cell raised AssertionError): 0 points",
+    "error": "the tests cell raised something else (the unanswered stub's NotImplementedError, "
+             "a crash, a timeout) or never ran (unreadable notebook, dead kernel): 0 points",
+    "missing": "the submission has no such exercise (its solution cell was deleted) or no "
+               "notebook for the chapter: 0 points",
+}
+DEFAULT_CELL_TIMEOUT_S = 120.0
+#: Seconds one whole notebook may take, whatever its cells do.
+DEFAULT_NOTEBOOK_TIMEOUT_S = 1200.0
+
+
+@dataclass(frozen=True)
+class Score:
+    """The grade of one exercise: one row of the grades CSV without student and chapter.
+
+    ``exercise`` is the grade_id of the tests cell (``chNN-exK-tests``); ``status`` is
+    one of :data:`STATUSES`; ``message`` is the first line of the error, empty when passed.
+    """
+
+    exercise: str
+    points: float
+    max_points: float
+    status: str
+    message: str = ""
+
+
+def _for_grading(submitted: nbformat.NotebookNode, source: nbformat.NotebookNode,
+                 found: Sequence[Exercise]) -> tuple[nbformat.NotebookNode, dict[str, tuple[int, int] | None]]:
+    """The submission as it is graded: every tests cell (and any other locked cell of the
+    source) replaced by the source's version, hidden tests included, matched by grade_id;
+    a tests cell the student deleted is put back after its solution cell.
+
+    Returns the notebook and, per exercise name, the (solution, tests) cell indices,
+    or None when the submission has no solution cell for it (``missing``).
+    """
+    nb = copy.deepcopy(submitted)
+    locked = {
+        _grade_id(cell): cell for cell in source.cells
+        if _nbgrader_meta(cell) and (_nbgrader_meta(cell).get("locked") or _nbgrader_meta(cell).get("grade"))
+    }
+    first: dict[str, int] = {}
+    for i, cell in enumerate(nb.cells):
+        gid = _grade_id(cell)
+        if gid and gid not in first:
+            first[gid] = i
+            if gid in locked:
+                nb.cells[i] = copy.deepcopy(locked[gid])
+    for ex in found:  # tests cells the student deleted, whose solution cell is still there
+        if ex.solution_id in first and ex.tests_id not in first:
+            sol = first[ex.solution_id]
+            cell = copy.deepcopy(source.cells[ex.tests_cell])
+            nb.cells.insert(sol + 1, cell)
+            first = {g: (i + 1 if i > sol else i) for g, i in first.items()}
+            first[ex.tests_id] = sol + 1
+    where: dict[str, tuple[int, int] | None] = {}
+    for ex in found:
+        sol, tests = first.get(ex.solution_id), first.get(ex.tests_id)
+        where[ex.name] = (sol, tests) if sol is not None and tests is not None and sol < tests else None
+    for cell in nb.cells:  # a fresh run: no stale outputs
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb, where
+
+
+def _score(ex: Exercise, solution: Outcome | None, tests: Outcome | None) -> Score:
+    """Full points when the tests cell ran cleanly; the status says why not otherwise."""
+    if tests is None:
+        return Score(ex.tests_id, 0.0, ex.points, "missing",
+                     f"the submission has no cell with grade_id {ex.solution_id!r}")
+    if tests.ok:
+        return Score(ex.tests_id, ex.points, ex.points, "passed", "")
+    status = "failed" if tests.ename == "AssertionError" else "error"
+    message = tests.line
+    if tests.ename == "NotImplementedError":
+        message = "NotImplementedError: not answered (the stub still raises)"
+    if tests.ename == "DeadKernelError":
+        message = f"Kernel died: {tests.evalue}"
+    if solution is not None and not solution.ok and solution.ename != "NotRun":
+        message = f"the solution cell raised {solution.line}"
+    return Score(ex.tests_id, 0.0, ex.points, status, message[:500])
+
+
+def _all(found: Sequence[Exercise], status: str, message: str) -> list[Score]:
+    return [Score(ex.tests_id, 0.0, ex.points, status, message) for ex in found]
+
+
+@contextmanager
+def package_site(site: Path | None = None) -> Iterator[Path]:
+    """The package copy the sandboxes import (:func:`.sandbox.package_copy`), made once."""
+    if site is not None:
+        yield site
+        return
+    with tempfile.TemporaryDirectory(prefix="flashlab-site-") as tmp:
+        yield sandbox.package_copy(Path(tmp))
+
+
+def _read(submission: str | Path | nbformat.NotebookNode) -> nbformat.NotebookNode:
+    if isinstance(submission, nbformat.NotebookNode):
+        return submission
+    nb = nbformat.read(submission, as_version=4)
+    if not isinstance(nb.get("cells"), list):
+        raise ValueError("no list of cells")
+    return nb
+
+
+def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str | Path, *,
+                   timeout: float = DEFAULT_CELL_TIMEOUT_S, notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT_S,
+                   triton_interpret: bool = True, executed_path: str | Path | None = None,
+                   unsafe_no_sandbox: bool = False, site: Path | None = None,
+                   limits: sandbox.Limits = sandbox.Limits()) -> list[Score]:
+    """Grade one submitted notebook against the book's notebook ``source``.
+
+    The submission's cells run in a fresh kernel in its own sandbox (``TRITON_INTERPRET=1``
+    when ``triton_interpret``; at most ``timeout`` seconds per cell and
+    ``notebook_timeout`` for the whole notebook); each of the book's tests cells runs in
+    the grader when the submission reaches it and earns its points if it raises nothing.
+    Never raises for a bad submission: an unreadable notebook, a deleted exercise, a
+    crash or a dead kernel give 0 points with a status and a message.
+
+    Parameters
+    ----------
+    submission : path or notebook
+        The student's notebook (a student version from ``build`` with answers filled in).
+    source : path
+        The book's notebook of the same chapter (solutions and hidden tests).
+    executed_path : path, optional
+        Where to write the executed notebook (it holds the hidden tests: not for students).
+    unsafe_no_sandbox : bool
+        Run the kernel without bubblewrap (the checks still run outside the kernel, but
+        the submission can read and write whatever the grader can).
+    site : path, optional
+        A package copy from :func:`package_site`, to share one between notebooks.
+
+    Returns
+    -------
+    list of Score
+        One per exercise of ``source``, in order.
+
+    Raises
+    ------
+    SandboxUnavailable
+        If bubblewrap cannot run here and ``unsafe_no_sandbox`` is false.
+    """
+    sandboxed = sandbox.require(unsafe_no_sandbox)
+    found = exercises(source)
+    source_nb = nbformat.read(source, as_version=4)
+    try:
+        submitted = _read(submission)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the submission's fault
+        line = (str(exc).strip().splitlines() or [""])[0]
+        return _all(found, "error", f"could not read the notebook: {type(exc).__name__}: {line}"[:300])
+    try:
+        nb, where = _for_grading(submitted, source_nb, found)
+    except Exception as exc:  # noqa: BLE001
+        return _all(found, "error", f"could not prepare the notebook: {type(exc).__name__}: {exc}"[:300])
+    tests_at = {w[1]: ex for ex, w in ((ex, where[ex.name]) for ex in found) if w is not None}
+    solution_at = {w[0]: ex for ex, w in ((ex, where[ex.name]) for ex in found) if w is not None}
+    outcomes: dict[int, Outcome] = {}
+    if tests_at:
+        last = max(tests_at)
+        with package_site(site) as site_dir, tempfile.TemporaryDirectory(prefix="flashlab-grade-") as private:
+            shown = Path(private) / f"{Path(source).stem}.ipynb"  # the submission as the student sent it
+            nbformat.write(submitted, shown)
+            try:
+                with KernelSession(site=site_dir, notebook=shown, cell_timeout=timeout,
+                                   notebook_timeout=notebook_timeout, triton_interpret=triton_interpret,
+                                   sandboxed=sandboxed, limits=limits) as kernel:
+                    checker = Checker(kernel)
+                    for index in range(last + 1):
+                        cell = nb.cells[index]
+                        if cell.cell_type != "code":
+                            continue
+                        if index in tests_at:
+                            ex = tests_at[index]
+                            outcome, outputs = checker.run(cell.source, ex.name, ex.tests_id)
+                        else:
+                            outcome, outputs = kernel.run_cell(cell.source)
+                            if index in solution_at:
+                                ex = solution_at[index]
+                                checker.define(defined_names(source_nb.cells[ex.solution_cell].source))
+                        outcomes[index] = outcome
+                        cell.outputs = outputs
+            except sandbox.SandboxUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the kernel would not start or shut down
+                reason = f"the kernel failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                for index in range(last + 1):
+                    outcomes.setdefault(index, Outcome(False, "NotRun", reason))
+    if executed_path is not None:
+        executed_path = Path(executed_path)
+        executed_path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, executed_path)
+    scores = []
+    for ex in found:
+        w = where[ex.name]
+        scores.append(_score(ex, None, None) if w is None else _score(ex, outcomes.get(w[0]), outcomes.get(w[1])))
+    return scores
+
+
+def find_submissions(submissions: str | Path, chapters: Sequence[str]) -> tuple[dict[str, dict[str, Path]], list[Path]]:
+    """The notebooks of a submissions folder: ``{student: {chapter: path}}`` and the
+    ``.ipynb`` files that match no chapter (ignored).
+
+    Layout: one folder per student, named by the student's id, holding
+    ``<chapter>.ipynb`` or, as nbgrader collects them, ``<chapter>/<chapter>.ipynb``,
+    where ``<chapter>`` is the notebook's name without ``.ipynb`` (e.g.
+    ``02_online_softmax``). Folders and files starting with ``.`` are skipped.
+    """
+    root = Path(submissions)
+    if not root.is_dir():
+        raise FileNotFoundError(f"submissions must be a folder with one folder per student; got {str(root)!r}")
+    known = set(chapters)
+    found: dict[str, dict[str, Path]] = {}
+    ignored: list[Path] = []
+    for path in sorted(root.rglob("*.ipynb"), key=lambda p: (len(p.parts), p)):  # flat layout first
+        rel = path.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if len(rel.parts) == 2 and path.stem in known or len(rel.parts) == 3 and path.stem in known and rel.parts[1] == path.stem:
+            student, chapter = rel.parts[0], path.stem
+        else:
+            ignored.append(path)
+            continue
+        mine = found.setdefault(student, {})
+        if chapter in mine:  # both layouts: keep the flat one, report the other
+            ignored.append(path)
+            continue
+        mine[chapter] = path
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir() and not entry.name.startswith("."):
+            found.setdefault(entry.name, {})
+    return dict(sorted(found.items())), ignored
+
+
+def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[str | Path] | None = None,
+          chapters: Sequence[str] | None = None, timeout: float = DEFAULT_CELL_TIMEOUT_S,
+          notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT_S, jobs: int | None = None,
+          triton_interpret: bool = True, executed_dir: str | Path | None = None,
+          unsafe_no_sandbox: bool = False, progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Grade a folder of submissions into a CSV of scores per student and exercise.
+
+    Parameters
+    ----------
+    submissions : str or Path
+        One folder per student (named by the student's id) holding
+        ``<chapter>.ipynb`` or nbgrader's ``<chapter>/<chapter>.ipynb``; see
+        :func:`find_submissions`.
+    out_csv : str or Path
+        The CSV written, columns :data:`GRADE_COLUMNS`; its folder is created. It is
+        written by this process after every sandbox has stopped.
+    notebooks : sequence of paths, optional
+        The book's notebooks (solutions and hidden tests); default ``notebooks/*.ipynb``.
+    chapters : sequence of str, optional
+        The chapters graded, e.g. ``["02_online_softmax"]``; default every chapter
+        that at least one student submitted. A student without a notebook for a
+        graded chapter gets ``missing`` rows for it.
+    timeout, notebook_timeout : float
+        Seconds each cell, and each whole notebook, may run.
+    jobs : int, optional
+        Notebooks graded at once (one sandbox each); default the number of CPUs, at most 4.
+    executed_dir : str or Path, optional
+        Also write each executed notebook to ``executed_dir/<student>/<chapter>.ipynb``
+        (tracebacks for the instructor; they contain the hidden tests).
+    unsafe_no_sandbox : bool
+        Grade without the sandbox (see :func:`grade_notebook`).
+    progress : callable, optional
+        Called as ``progress(done, total)`` after each notebook.
+
+    Returns
+    -------
+    list of dict
+        The CSV's rows (points as floats), ordered by student, chapter, exercise.
+
+    Raises
+    ------
+    SandboxUnavailable
+        Before anything runs, if bubblewrap cannot run and ``unsafe_no_sandbox`` is false.
+    """
+    import csv
+    import threading
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    sandbox.require(unsafe_no_sandbox)
+    paths = sorted(NOTEBOOKS_DIR.glob("*.ipynb")) if notebooks is None else [Path(p) for p in notebooks]
+    sources = {p.stem: p for p in paths if exercises(p)}
+    if chapters is not None:
+        unknown = sorted(set(chapters) - set(sources))
+        if unknown:
+            raise ValueError(f"chapters must name notebooks with exercises ({sorted(sources)}); got {unknown}")
+    found, ignored = find_submissions(submissions, list(sources))
+    for path in ignored:
+        warnings.warn(f"ignored {path}: expected <student>/<chapter>.ipynb or <student>/<chapter>/<chapter>.ipynb "
+                      f"with <chapter> one of {sorted(sources)}", stacklevel=2)
+    graded = list(chapters) if chapters is not None else sorted({c for mine in found.values() for c in mine})
+    graded = [c for c in sources if c in graded]  # file-name order
+    keys = [(student, chapter) for student in found for chapter in graded]
+    done = [0]
+    lock = threading.Lock()
+
+    with package_site() as site:
+        def one(student: str, chapter: str) -> list[Score]:
+            path = found[student].get(chapter)
+            if path is None:
+                scores = _all(exercises(sources[chapter]), "missing", f"no notebook submitted for {chapter}")
+            else:
+                executed = None if executed_dir is None else Path(executed_dir) / student / f"{chapter}.ipynb"
+                scores = grade_notebook(path, sources[chapter], timeout=timeout, notebook_timeout=notebook_timeout,
+                                        triton_interpret=triton_interpret, executed_path=executed,
+                                        unsafe_no_sandbox=unsafe_no_sandbox, site=site)
+            with lock:
+                done[0] += 1
+                if progress is not None:
+                    progress(done[0], len(keys))
+            return scores
+
+        workers = max(1, jobs if jobs else min(4, os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(lambda key: one(*key), keys))
+    rows = [
+        {"student": student, "chapter": chapter, **{k: getattr(s, k) for k in GRADE_COLUMNS[2:]}}
+        for (student, chapter), scores in zip(keys, results) for s in scores
+    ]
+    out_csv = Path(out_csv)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    with out_csv.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=GRADE_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "points": f"{row['points']:g}", "max_points": f"{row['max_points']:g}"})
+    return rows
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """How the checks judged one variant (e.g. a known-wrong answer) of one exercise.
+
+    ``graded`` is the score with the hidden tests (as :func:`grade` scores it);
+    ``visible`` the score with only the tests the student sees.
+    """
+
+    name: str
+    exercise: str
+    graded: Score
+    visible: Score
+
+
+def grade_variants(notebook: str | Path, variants: Mapping[str, tuple[str, str]], *,
+                   timeout: float = DEFAULT_CELL_TIMEOUT_S, triton_interpret: bool = True,
+                   unsafe_no_sandbox: bool = False) -> tuple[list[Score], dict[str, VariantResult]]:
+    """Grade many answers to one chapter's exercises in one sandbox (a mutation check).
+
+    The book's notebook runs once, top to bottom, like :func:`grade_notebook` runs a
+    submission. After each exercise's tests cell, each variant of that exercise is
+    tried in the same kernel: its body replaces the answer (see
+    :func:`replace_solution_body`), then the tests cell runs without and with the hidden
+    tests; finally the book's solution and tests cell run again, so later exercises see
+    the right answer. The chapter's prose cells run once instead of once per variant.
+
+    Parameters
+    ----------
+    notebook : str or Path
+        A book notebook with exercises.
+    variants : mapping
+        ``name -> (exercise, body)``, ``exercise`` being the exercise name
+        (``"ch02-ex1"``) or either of its grade_ids.
+
+    Returns
+    -------
+    (list of Score, dict of VariantResult)
+        The book's solutions graded (one Score per exercise: ``passed`` only if the
+        tests passed the first time and again after every variant), and each variant's
+        result by name.
+    """
+    sandboxed = sandbox.require(unsafe_no_sandbox)
+    found = exercises(notebook)
+    if not found:
+        if variants:
+            raise ValueError(f"{Path(notebook).name} has no exercises; got variants {sorted(variants)}")
+        return [], {}
+    by_name = {ex.name: ex for ex in found}
+    wanted: dict[str, list[tuple[str, str]]] = {}
+    for name, (target, body) in variants.items():
+        key = target.removesuffix("-solution").removesuffix("-tests")
+        if key not in by_name:
+            raise ValueError(f"variant {name!r}: exercise must be one of {sorted(by_name)}; got {target!r}")
+        wanted.setdefault(key, []).append((name, body))
+    nb = nbformat.read(notebook, as_version=4)
+    at_tests = {ex.tests_cell: ex for ex in found}
+    at_solution = {ex.solution_cell: ex for ex in found}
+    committed: dict[str, Score] = {}
+    results: dict[str, VariantResult] = {}
+    with package_site() as site, KernelSession(site=site, cell_timeout=timeout,
+                                               notebook_timeout=max(DEFAULT_NOTEBOOK_TIMEOUT_S, 60 * timeout),
+                                               triton_interpret=triton_interpret, sandboxed=sandboxed) as kernel:
+        checker = Checker(kernel)
+        for index, cell in enumerate(nb.cells[: max(at_tests) + 1]):
+            if cell.cell_type != "code":
+                continue
+            ex = at_tests.get(index)
+            if ex is None:
+                kernel.run_cell(cell.source)
+                if index in at_solution:
+                    checker.define(defined_names(cell.source))
+                continue
+            tests = cell.source
+            committed[ex.name] = _score(ex, None, checker.run(tests, ex.name, ex.tests_id)[0])
+            solution = nb.cells[ex.solution_cell].source
+            for name, body in wanted.get(ex.name, []):
+                sol = kernel.run_cell(replace_solution_body(solution, body))[0]
+                seen = _score(ex, sol, checker.run(strip_hidden_tests(tests), ex.name, ex.tests_id)[0])
+                graded = _score(ex, sol, checker.run(tests, ex.name, ex.tests_id)[0])
+                results[name] = VariantResult(name, ex.name, graded, seen)
+                kernel.run_cell(solution)  # the book's answer again
+                again = _score(ex, None, checker.run(tests, ex.name, ex.tests_id)[0])
+                if again.status != "passed" and committed[ex.name].status == "passed":
+                    committed[ex.name] = Score(ex.tests_id, 0.0, ex.points, again.status,
+                                               f"after variant {name!r}: {again.message}")
+    return [committed[ex.name] for ex in found], results

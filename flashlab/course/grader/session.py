@@ -1,0 +1,527 @@
+"""One submission being graded: its kernel in a sandbox, and the checks outside it.
+
+The student's cells (the prose of the chapter, their answers, any cell they added)
+run in a Jupyter kernel inside the sandbox (:mod:`.sandbox`). The tests cells do
+**not**: the grader runs the book's tests cells itself, in :class:`Checker`, a
+namespace of the grader's own process with the grader's NumPy and the package as
+installed. There every function an exercise asks for (``update_row``, ...) is a
+:class:`RemoteFunction`: calling it sends the arguments into the kernel as data,
+runs the student's function there and brings back what it returned, as data
+(:mod:`.codec`). So nothing a submission does inside its kernel (patching NumPy,
+an IPython input transformer, a hook, a value whose ``__eq__`` lies, a tests cell
+rewritten on disk) reaches the checks: they see numbers.
+
+While a call for an exercise runs, the package functions that exercise asks the
+student to write themselves (:data:`FORBIDDEN`) raise when called from the
+student's code; the package's own modules may still call them.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import codec, sandbox
+
+REPLY_MIME = "application/x-flashlab-reply"
+#: Text kept of one cell's output (stdout, stderr, results); the rest is dropped.
+OUTPUT_CAP = 200_000
+#: Seconds a kernel gets to start, to answer an interrupt, to shut down.
+START_TIMEOUT_S = 120.0
+INTERRUPT_GRACE_S = 5.0
+
+#: Package functions a student must not call while an exercise's tests call their
+#: code ("module:qualname"); exercises not listed forbid nothing.
+FORBIDDEN: dict[str, tuple[str, ...]] = {}
+_SOFTMAX = ("flashlab.reference.softmax:softmax", "flashlab.reference.softmax:online_softmax",
+            "flashlab.reference.softmax:OnlineSoftmaxState.update",
+            "flashlab.reference.softmax:OnlineSoftmaxState.merge")
+_FLASH1 = ("flashlab.reference.flash1:flash1_step", "flashlab.reference.flash1:flash1_forward",
+           "flashlab.reference.flash1:flash1_backward", "flashlab.reference.flash1:block_sizes",
+           "flashlab.reference.flash1:flash1_flops", "flashlab.reference.naive:attention_backward",
+           "flashlab.reference.softmax:OnlineSoftmaxState.update")
+for _name in ("ch02-ex1", "ch02-ex2", "ch02-ex3", "ch02-ex4"):
+    FORBIDDEN[_name] = _SOFTMAX
+for _name in ("ch03-ex1", "ch03-ex2", "ch03-ex3", "ch03-ex4"):
+    FORBIDDEN[_name] = _FLASH1
+FORBIDDEN.update({
+    "ch04-ex1": ("flashlab.memory:count_flash", "flashlab.reference.flash1:block_sizes"),
+    "ch04-ex3": ("flashlab.memory:count_flash", "flashlab.reference.flash1:block_sizes"),
+    "ch05-ex1": ("flashlab.reference.flash2:flash2_forward", "flashlab.reference.softmax:OnlineSoftmaxState.update",
+                 "flashlab.reference.naive:attention"),
+    "ch05-ex2": ("flashlab.sim.occupancy:schedule", "flashlab.sim.occupancy:programs"),
+    "ch05-ex3": ("flashlab.reference.flash2:flash2_backward", "flashlab.reference.naive:attention_backward"),
+    "ch06-ex1": ("flashlab.sim.events:producer_consumer", "flashlab.sim.events:simulate"),
+    "ch06-ex2": ("flashlab.reference.fp8:hadamard_transform",),
+    "ch06-ex3": ("flashlab.reference.fp8:quantize",),
+    "ch07-ex1": ("flashlab.cycles:forward_tile_cycles",),
+    "ch07-ex2": ("flashlab.reference.softexp:exp2",),
+    "ch07-ex3": ("flashlab.reference.rescale:rescales",),
+    "ch09-ex1": ("flashlab.reference.beyond:combine", "flashlab.reference.softmax:OnlineSoftmaxState.merge"),
+    "ch09-ex2": ("flashlab.reference.beyond:causal_block_counts",),
+    "ch09-ex3": ("flashlab.reference.beyond:kv_cache_bytes",),
+})
+
+
+class KernelDied(RuntimeError):
+    """The student's kernel exited (or was stopped) before answering."""
+
+
+class RemoteError(RuntimeError):
+    """The student's kernel answered a call with something that is not a result."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What running one cell did: ``ok`` or the exception's name and first line."""
+
+    ok: bool
+    ename: str = ""
+    evalue: str = ""
+
+    @property
+    def line(self) -> str:
+        first = (self.evalue.strip().splitlines() or [""])[0]
+        if first.startswith("(line "):
+            return f"{self.ename} {first}"
+        return f"{self.ename}: {first}" if first else self.ename
+
+
+@dataclass
+class _Run:
+    outcome: Outcome
+    outputs: list = field(default_factory=list)
+    replies: list = field(default_factory=list)
+
+
+def _source(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+_AGENT = r'''
+def _flashlab_install(codec_src, probes_src, forbidden_json):
+    import json, sys, types
+    import numpy as np
+    from IPython import get_ipython
+    from IPython.display import publish_display_data
+
+    def module(name, src):
+        mod = types.ModuleType(name)
+        sys.modules[name] = mod
+        exec(compile(src, "<" + name + ">", "exec"), mod.__dict__)
+        return mod
+
+    codec = module("_flashlab_codec", codec_src)
+    probes = module("_flashlab_probes", probes_src)
+    forbidden = json.loads(forbidden_json)
+    active = set()
+
+    def guarded(original, spec):
+        short = spec.split(":")[1]
+        def guard(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__") or ""
+            if spec in active and not (caller == "flashlab" or caller.startswith("flashlab.")):
+                raise RuntimeError(short + " is switched off while this exercise is graded: "
+                                   "the exercise asks you to write it yourself")
+            return original(*args, **kwargs)
+        guard.__name__, guard.__qualname__, guard.__doc__ = original.__name__, original.__qualname__, original.__doc__
+        return guard
+
+    import importlib
+    for spec in sorted({s for specs in forbidden.values() for s in specs}):
+        modname, _, qual = spec.partition(":")
+        try:
+            owner = importlib.import_module(modname)
+            *path, attr = qual.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        except Exception:
+            continue
+        wrapped = guarded(original, spec)
+        setattr(owner, attr, wrapped)
+        if not isinstance(owner, type):
+            for mod in list(sys.modules.values()):
+                name = getattr(mod, "__name__", "") or ""
+                if name == "flashlab" or name.startswith("flashlab."):
+                    for key, value in list(vars(mod).items()):
+                        if value is original:
+                            setattr(mod, key, wrapped)
+
+    class Agent:
+        def call(self, text):
+            try:
+                request = codec.loads(text, objects=True)
+                namespace = get_ipython().user_ns
+                if request["name"] not in namespace:
+                    raise NameError("name " + repr(request["name"]) + " is not defined")
+                fn = namespace[request["name"]]
+                active.update(forbidden.get(request["exercise"], ()))
+                try:
+                    with np.errstate(**request["errstate"]):
+                        if request["probe"]:
+                            value = getattr(probes, request["probe"])(fn, *request["args"], **request["kwargs"])
+                        else:
+                            value = fn(*request["args"], **request["kwargs"])
+                finally:
+                    active.clear()
+                reply = codec.dumps({"ok": value})
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                reply = codec.dumps({"raised": (type(exc).__name__, str(exc)[:2000])})
+            publish_display_data({"''' + REPLY_MIME + r'''": reply})
+
+    get_ipython().user_ns["__flashlab__"] = Agent()
+'''
+
+
+class KernelSession:
+    """The kernel of one notebook being graded, in its sandbox (or not, in unsafe mode).
+
+    Parameters
+    ----------
+    site : Path or None
+        The package copy made by :func:`.sandbox.package_copy` (shared by every sandbox).
+    notebook : Path or None
+        The submitted notebook, shown read-only in the kernel's folder.
+    cell_timeout : float
+        Seconds one cell (or one call from the checks) may run.
+    notebook_timeout : float
+        Seconds the whole notebook may take; past it the kernel is stopped.
+    forbidden : mapping
+        Exercise name -> package functions switched off while its tests call the student's code.
+    """
+
+    def __init__(self, *, site: Path | None, notebook: Path | None = None, cell_timeout: float,
+                 notebook_timeout: float, triton_interpret: bool = True, sandboxed: bool = True,
+                 limits: sandbox.Limits = sandbox.Limits(),
+                 forbidden: Mapping[str, Sequence[str]] | None = None):
+        self.site, self.notebook = site, notebook
+        self.cell_timeout, self.notebook_timeout = cell_timeout, notebook_timeout
+        self.triton_interpret, self.sandboxed, self.limits = triton_interpret, sandboxed, limits
+        self.forbidden = dict(FORBIDDEN if forbidden is None else forbidden)
+        self.stopped: str | None = None  # why the kernel stopped early, if it did
+        self._timeouts_in_a_row = 0
+        self._launch: sandbox.Launch | None = None
+        self._client = None
+        self._workdir: Path | None = None
+
+    # ------------------------------------------------------------ lifetime
+
+    def __enter__(self) -> KernelSession:
+        from jupyter_client import BlockingKernelClient
+
+        self._workdir = Path(tempfile.mkdtemp(prefix="flashlab-kernel-"))
+        self._deadline = time.monotonic() + self.notebook_timeout
+        inside, outside = sandbox.connection_info(self._workdir, self.sandboxed)
+        try:
+            self._launch = sandbox.start(self._workdir, self.notebook, inside, site=self.site, limits=self.limits,
+                                         triton_interpret=self.triton_interpret, sandboxed=self.sandboxed)
+            if self._launch.sandboxed:
+                outside["ip"] = f"/proc/{self._launch.inner_pid}/root{sandbox.RUN}/k"
+            client = BlockingKernelClient()
+            client.load_connection_info(outside)
+            client.start_channels()
+            self._client = client
+            self._wait_ready()
+            bootstrap = (_AGENT + f"\n_flashlab_install({_source(Path(codec.__file__))!r}, "
+                         f"{_source(Path(__file__).with_name('probes.py'))!r}, {json.dumps(self.forbidden)!r})\n"
+                         "del _flashlab_install\n")
+            run = self._execute(bootstrap, START_TIMEOUT_S, store_history=False)
+            if not run.outcome.ok:
+                raise KernelDied(f"the grader could not set up the kernel: {run.outcome.line}")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        start = time.monotonic()
+        while True:
+            if self._launch.process.poll() is not None:
+                log = (self._workdir / "bwrap.log")
+                detail = log.read_text(errors="replace").strip()[-500:] if log.exists() else ""
+                raise KernelDied(f"the kernel exited while starting (exit {self._launch.process.returncode}) {detail}")
+            try:
+                self._client.wait_for_ready(timeout=2)
+                return
+            except RuntimeError:
+                if time.monotonic() - start > START_TIMEOUT_S:
+                    raise KernelDied(f"the kernel did not start within {START_TIMEOUT_S:g} s") from None
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def alive(self) -> bool:
+        return self._launch is not None and self._launch.process.poll() is None
+
+    def kill(self, reason: str) -> None:
+        """Stop the kernel and everything it started; later cells answer ``NotRun``."""
+        self.stopped = self.stopped or reason
+        if self._launch is not None and self._launch.process.poll() is None:
+            try:
+                os.killpg(self._launch.process.pid, signal.SIGKILL)  # bwrap and, with it, its pid namespace
+            except (ProcessLookupError, PermissionError):
+                self._launch.process.kill()
+            try:
+                self._launch.process.wait(timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.stop_channels()
+            except Exception:  # noqa: BLE001
+                pass
+            self._client = None
+        self.kill(self.stopped or "closed")
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    # ------------------------------------------------------------ executing
+
+    def _budget(self, timeout: float) -> float:
+        return max(0.0, min(timeout, self._deadline - time.monotonic()))
+
+    def _execute(self, code: str, timeout: float, store_history: bool = True) -> _Run:
+        """Send ``code``, collect its outputs until the kernel is idle again, or time out."""
+        if self.stopped:
+            return _Run(Outcome(False, "NotRun", self.stopped))
+        if not self.alive():
+            self.stopped = "the kernel died"
+            return _Run(Outcome(False, "NotRun", "Kernel died before the cell ran"))
+        client = self._client
+        msg_id = client.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
+        run = _Run(Outcome(True))
+        kept = 0
+        reply: dict | None = None
+        idle = False
+        limit = self._budget(timeout)
+        deadline = time.monotonic() + limit
+        interrupted = False
+        while not (idle and reply is not None):
+            now = time.monotonic()
+            if now >= deadline:
+                if not interrupted and self.alive():
+                    interrupted = True
+                    self._interrupt()
+                    deadline = now + INTERRUPT_GRACE_S
+                    continue
+                over = "the notebook" if self._deadline - now <= 0 else "the cell"
+                self.kill(f"{over} ran past its time limit and the kernel did not stop when interrupted"
+                          if over == "the cell" else f"the notebook ran past its {self.notebook_timeout:g} s limit")
+                return _Run(Outcome(False, "TimeoutError", self._timeout_text(limit, over)), run.outputs)
+            if not self.alive():
+                self.stopped = "the kernel died"
+                return _Run(Outcome(False, "DeadKernelError", "Kernel died while running the cell"), run.outputs)
+            wait = min(0.5, deadline - now)
+            if not idle:
+                try:
+                    msg = client.get_iopub_msg(timeout=wait)
+                except Exception:  # noqa: BLE001 - queue.Empty
+                    continue
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "status" and content.get("execution_state") == "idle":
+                    idle = True
+                elif kind == "display_data" and REPLY_MIME in content.get("data", {}):
+                    text = content["data"][REPLY_MIME]
+                    if isinstance(text, str) and len(text) < 256 << 20:
+                        run.replies.append(text)
+                elif kind in ("stream", "display_data", "execute_result", "error"):
+                    size = len(json.dumps(content, default=str))
+                    if kept + size <= OUTPUT_CAP:
+                        kept += size
+                        run.outputs.append(_output(kind, content))
+                continue
+            try:
+                msg = client.get_shell_msg(timeout=wait)
+            except Exception:  # noqa: BLE001
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
+                reply = msg["content"]
+        if interrupted:
+            self._timeouts_in_a_row += 1
+            if self._timeouts_in_a_row >= 2:
+                self.stopped = "two cells in a row ran past the time limit"
+            run.outcome = Outcome(False, "TimeoutError", self._timeout_text(limit, "the cell"))
+            return run
+        self._timeouts_in_a_row = 0
+        if reply.get("status") == "ok":
+            return run
+        ename = str(reply.get("ename") or "Error")
+        evalue = str(reply.get("evalue") or "")
+        run.outcome = Outcome(False, ename, evalue)
+        return run
+
+    def _timeout_text(self, limit: float, what: str) -> str:
+        if what == "the notebook":
+            return f"the notebook ran past its {self.notebook_timeout:g} s limit"
+        return f"the cell ran past the {limit:g} s limit and was interrupted"
+
+    def _interrupt(self) -> None:
+        client = self._client
+        try:
+            client.control_channel.send(client.session.msg("interrupt_request", {}))
+        except Exception:  # noqa: BLE001
+            pass
+
+    def run_cell(self, source: str) -> tuple[Outcome, list]:
+        """Run one of the student's cells; (outcome, nbformat outputs)."""
+        if not source.strip():
+            return Outcome(True), []
+        run = self._execute(source, self.cell_timeout)
+        return run.outcome, run.outputs
+
+    def call(self, name: str, args: tuple, kwargs: dict, *, exercise: str, timeout: float,
+             probe: str | None = None) -> object:
+        """Call the student's ``name(*args, **kwargs)`` in the kernel; return its result, as data.
+
+        Raises the student's exception again (a builtin exception class of the same
+        name, else :class:`RemoteError`), ``TimeoutError`` past ``timeout``, and
+        :class:`KernelDied` when the kernel is gone.
+        """
+        request = codec.dumps({"name": name, "args": tuple(args), "kwargs": dict(kwargs), "exercise": exercise,
+                               "probe": probe, "errstate": {k: v for k, v in np.geterr().items()}}, objects=True)
+        run = self._execute(f"__flashlab__.call({request!r})", timeout, store_history=False)
+        if run.outcome.ename in ("NotRun", "DeadKernelError"):
+            raise KernelDied(run.outcome.evalue)
+        if run.outcome.ename == "TimeoutError":
+            raise TimeoutError(f"{name}(...) ran past the {timeout:.3g} s limit of the tests cell and was interrupted")
+        if not run.replies:
+            raise RemoteError(f"the kernel gave no result for {name}(...) "
+                              f"({run.outcome.line if not run.outcome.ok else 'no reply'})")
+        reply = codec.loads(run.replies[-1])
+        if not isinstance(reply, dict) or len(reply) != 1:
+            raise RemoteError(f"the kernel answered {name}(...) with something that is not a result")
+        if "ok" in reply:
+            return reply["ok"]
+        raised = reply.get("raised")
+        if not (isinstance(raised, tuple) and len(raised) == 2 and all(isinstance(x, str) for x in raised)):
+            raise RemoteError(f"the kernel answered {name}(...) with something that is not a result")
+        ename, message = raised
+        cls = getattr(builtins, ename, None)
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
+            try:
+                raise cls(message)
+            except TypeError:
+                pass
+        raise RemoteError(f"{ename}: {message}")
+
+
+def _output(kind: str, content: dict) -> dict:
+    import nbformat
+
+    if kind == "stream":
+        return nbformat.v4.new_output("stream", name=content.get("name", "stdout"), text=content.get("text", ""))
+    if kind == "error":
+        return nbformat.v4.new_output("error", ename=content.get("ename", ""), evalue=content.get("evalue", ""),
+                                      traceback=content.get("traceback", []))
+    data = {k: v for k, v in content.get("data", {}).items() if isinstance(v, str)}
+    if kind == "execute_result":
+        return nbformat.v4.new_output("execute_result", data=data, execution_count=content.get("execution_count"))
+    return nbformat.v4.new_output("display_data", data=data)
+
+
+# ---------------------------------------------------------------- the checks, outside
+
+
+class RemoteFunction:
+    """Stands in, in the checks, for a function the student wrote in their kernel."""
+
+    def __init__(self, checker: Checker, name: str):
+        self._checker, self._name = checker, name
+        self.__name__ = self.__qualname__ = name
+        self.__flashlab_remote__ = self
+
+    def __call__(self, *args, **kwargs):
+        return self._checker.call(self._name, args, kwargs)
+
+    def probe(self, kind: str, *args, **kwargs):
+        """Run :mod:`.probes`' ``kind`` on the student's function, in the kernel."""
+        return self._checker.call(self._name, args, kwargs, probe=kind)
+
+    def __repr__(self) -> str:
+        return f"<the student's {self._name}>"
+
+
+def defined_names(source: str) -> list[str]:
+    """Top-level functions and classes a solution cell defines (the names the tests call)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+
+
+class Checker:
+    """The tests cells of one notebook, run in the grader's process against :class:`RemoteFunction` s."""
+
+    def __init__(self, kernel: KernelSession):
+        self.kernel = kernel
+        self.namespace: dict = {"__name__": "__flashlab_checks__", "__builtins__": builtins}
+        self._exercise = ""
+        self._deadline = 0.0
+
+    def define(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.namespace[name] = RemoteFunction(self, name)
+
+    def call(self, name: str, args: tuple, kwargs: dict, probe: str | None = None) -> object:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"the tests cell ran past its {self.kernel.cell_timeout:g} s limit")
+        return self.kernel.call(name, args, kwargs, exercise=self._exercise, timeout=remaining, probe=probe)
+
+    def run(self, source: str, exercise: str, label: str) -> tuple[Outcome, list]:
+        """Run one tests cell; (outcome, nbformat outputs: what it printed, its error)."""
+        import io
+
+        import nbformat
+
+        printed = io.StringIO()
+
+        def print_(*args, sep=" ", end="\n", file=None, flush=False):
+            if printed.tell() < OUTPUT_CAP:
+                printed.write(sep.join(str(a) for a in args) + end)
+
+        self.namespace["print"] = print_
+        self._exercise = exercise
+        self._deadline = time.monotonic() + self.kernel.cell_timeout
+        filename = f"<tests {label}>"
+        outcome = Outcome(True)
+        try:
+            exec(compile(source, filename, "exec"), self.namespace)  # noqa: S102 - the book's own tests
+        except Exception as exc:  # noqa: BLE001 - any failure of the checks is the answer's
+            ename = "NotImplementedError" if isinstance(exc, NotImplementedError) else type(exc).__name__
+            if isinstance(exc, KernelDied):
+                ename = "DeadKernelError"
+            evalue = str(exc)
+            if not evalue.strip():
+                lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+                evalue = f"(line {lines[-1]} of the cell)" if lines else ""
+            outcome = Outcome(False, ename, evalue)
+        finally:
+            self.namespace.pop("print", None)
+        outputs = []
+        if printed.getvalue():
+            outputs.append(nbformat.v4.new_output("stream", name="stdout", text=printed.getvalue()))
+        if not outcome.ok:
+            outputs.append(nbformat.v4.new_output("error", ename=outcome.ename, evalue=outcome.evalue, traceback=[]))
+        return outcome, outputs
