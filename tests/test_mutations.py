@@ -6,6 +6,7 @@ SOLUTION`` of one exercise. Here every mutant is graded with the chapter's tests
 hidden ones included, and must lose the exercise's points; every committed solution
 must earn all of them; and each mutant's ``caught_by`` (``visible`` or ``hidden``)
 must be true, so the instructor page can say which mistakes only the hidden tests see.
+tests/mutations/correct.yaml lists right answers written differently; each must pass.
 
 Each chapter runs once, in one kernel (:func:`flashlab.course.assignments.grade_variants`,
 which shares its cell runner and scoring with ``grade``): after an exercise's tests
@@ -37,6 +38,8 @@ from flashlab.course.assignments import (
 
 BANK_PATH = Path(__file__).parent / "mutations" / "mutants.yaml"
 BANK: list[dict] = yaml.safe_load(BANK_PATH.read_text(encoding="utf-8"))
+# Right answers written differently from the book's: they must pass.
+CORRECT: list[dict] = yaml.safe_load((Path(__file__).parent / "mutations" / "correct.yaml").read_text(encoding="utf-8"))
 KEYS = {"id", "exercise", "mistake", "caught_by", "body"}
 # exercise name ("ch02-ex1") -> (notebook, Exercise), over the whole book
 BOOK = {ex.name: (path, ex) for path in sorted(NOTEBOOKS_DIR.glob("*.ipynb")) for ex in exercises(path)}
@@ -55,7 +58,8 @@ def _ids(items: list) -> list[str]:
 def graded() -> dict[str, tuple[list, dict[str, VariantResult]]]:
     """Each chapter graded once with its mutants: stem -> (committed scores, mutant results)."""
     def run(path: Path):
-        variants = {m["id"]: (m["exercise"], m["body"]) for m in BANK if BOOK.get(m["exercise"], (None,))[0] == path}
+        variants = {m["id"]: (m["exercise"], m["body"]) for m in BANK + CORRECT
+                    if BOOK.get(m["exercise"], (None,))[0] == path}
         return grade_variants(path, variants, timeout=CELL_TIMEOUT_S)
 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
@@ -137,3 +141,21 @@ def test_mutant_is_caught_by_the_declared_tests(mutant: dict, graded: dict) -> N
         f"{mutant['id']}: declared caught_by {mutant['caught_by']}, but the visible tests "
         f"{'reject' if seen == 'visible' else 'accept'} it ({result.visible.message or 'passed'})"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", CORRECT, ids=_ids(CORRECT))
+def test_a_right_answer_written_differently_passes(answer: dict, graded: dict) -> None:
+    path, _ = BOOK[answer["exercise"]]
+    score = graded[path.stem][1][answer["id"]].graded
+    assert score.status == "passed", f"{answer['id']} ({answer['why']}) is right but scores {score}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", [m for m in BANK if "-calls-" in m["id"]],
+                         ids=_ids([m for m in BANK if "-calls-" in m["id"]]))
+def test_calling_the_package_is_stopped_by_the_grader(mutant: dict, graded: dict) -> None:
+    """These answers would be right: what stops them is the function switched off."""
+    path, _ = BOOK[mutant["exercise"]]
+    message = graded[path.stem][1][mutant["id"]].graded.message
+    assert "is switched off while this exercise is graded" in message, f"{mutant['id']}: {message}"
