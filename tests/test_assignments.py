@@ -485,7 +485,8 @@ def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:
 
 def test_find_submissions_accepts_both_layouts(tmp_path: Path) -> None:
     for rel in ("ann/02_x.ipynb", "ben/02_x/02_x.ipynb", "ann/02_x/02_x.ipynb", "cy/other.ipynb",
-                "cy/.ipynb_checkpoints/02_x-checkpoint.ipynb", "top.ipynb"):
+                "cy/.ipynb_checkpoints/02_x-checkpoint.ipynb", "top.ipynb", "__MACOSX/ann/02_x.ipynb",
+                "__MACOSX/ann/02_x/02_x.ipynb"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("{}")
     (tmp_path / "dee").mkdir()
@@ -518,6 +519,14 @@ def test_command_line_grade_and_build(tmp_path: Path, built: dict, capsys: pytes
     printed = capsys.readouterr().out
     assert re.search(r"^alice\s+3\s+3\s+2\s+0\s+0\s+0$", printed, re.M), printed
     assert [r["status"] for r in _read_csv(out)[1]] == ["passed", "passed"]
+    assert main(["grade", str(tmp_path / "sub"), "--out", str(out), "--notebooks", str(FIXTURE),
+                 "--student", "bob"]) == 2
+    assert "students must name folders" in capsys.readouterr().err
+    _put(nbformat.read(toy.release, as_version=4), tmp_path / "sub" / "bob" / f"{FIXTURE.stem}.ipynb")
+    assert main(["grade", str(tmp_path / "sub"), "--out", str(out), "--notebooks", str(FIXTURE),
+                 "--student", "alice"]) == 0
+    assert {r["student"] for r in _read_csv(out)[1]} == {"alice"}, "--student grades that student only"
+    assert "graded 1/1 notebooks" in capsys.readouterr().err
     assert main(["grade", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     assert "one folder per student" in capsys.readouterr().err
     # the build command, with and without its name
@@ -525,3 +534,23 @@ def test_command_line_grade_and_build(tmp_path: Path, built: dict, capsys: pytes
     assert main(["build", str(tmp_path / "course2"), str(FIXTURE)]) == 0
     assert (tmp_path / "course" / "release" / FIXTURE.stem / FIXTURE.name).is_file()
     assert (tmp_path / "course2" / "release" / FIXTURE.stem / FIXTURE.name).is_file()
+
+
+@pytest.mark.slow
+def test_build_keeps_a_gradebook_that_holds_grades(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Rebuilding after autograde copies the gradebook aside instead of destroying it."""
+    import sqlite3
+
+    (chapter,) = build(tmp_path, [FIXTURE])
+    assert not list(tmp_path.glob("gradebook-*.db")), "an empty gradebook needs no copy"
+    with sqlite3.connect(tmp_path / "gradebook.db") as db:  # what autograde records, reduced to one row
+        columns = [r[1] for r in db.execute("PRAGMA table_info(submitted_assignment)")]
+        assert "id" in columns
+        db.execute("PRAGMA foreign_keys = OFF")
+        db.execute(f"INSERT INTO submitted_assignment ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                   ["x"] * len(columns))
+    before = (tmp_path / "gradebook.db").read_bytes()
+    build(tmp_path, [FIXTURE])
+    (kept,) = tmp_path.glob("gradebook-*.db")
+    assert kept.read_bytes() == before
+    assert "holds 1 graded submission(s): kept a copy as gradebook-" in capsys.readouterr().err

@@ -84,6 +84,9 @@ def _main_grade(argv: Sequence[str]) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: CPUs, at most 4)")
     parser.add_argument("--executed", type=Path, default=None, metavar="DIR",
                         help="also write the executed notebooks here (they contain the hidden tests)")
+    parser.add_argument("--student", action="append", dest="students", metavar="NAME",
+                        help="grade only this student (repeatable), e.g. to regrade one")
+    parser.add_argument("--quiet", action="store_true", help="no progress line while grading")
     parser.add_argument("--notebook-timeout", type=float, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
                         help=f"seconds each whole notebook may run (default: {DEFAULT_NOTEBOOK_TIMEOUT_S:g})")
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
@@ -93,11 +96,17 @@ def _main_grade(argv: Sequence[str]) -> int:
                         help="do not set TRITON_INTERPRET=1 in the kernels (Triton then uses a GPU if present)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if not args.quiet:
+            print(f"\rgraded {done}/{total} notebooks ({time.perf_counter() - start:.0f} s)",
+                  end="\n" if done == total else "", file=sys.stderr, flush=True)
+
     try:
         rows = grade(args.submissions, args.out, notebooks=args.notebooks, chapters=args.chapters,
                      timeout=args.timeout, jobs=args.jobs, triton_interpret=not args.no_interpret,
                      executed_dir=args.executed, notebook_timeout=args.notebook_timeout,
-                     unsafe_no_sandbox=args.unsafe_no_sandbox)
+                     unsafe_no_sandbox=args.unsafe_no_sandbox, students=args.students, progress=progress)
     except (FileNotFoundError, ValueError, SandboxUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

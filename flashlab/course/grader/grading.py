@@ -253,7 +253,8 @@ def find_submissions(submissions: str | Path, chapters: Sequence[str]) -> tuple[
     Layout: one folder per student, named by the student's id, holding
     ``<chapter>.ipynb`` or, as nbgrader collects them, ``<chapter>/<chapter>.ipynb``,
     where ``<chapter>`` is the notebook's name without ``.ipynb`` (e.g.
-    ``02_online_softmax``). Folders and files starting with ``.`` are skipped.
+    ``02_online_softmax``). Folders and files starting with ``.`` are skipped, and so
+    are ``__MACOSX`` folders (the resource forks a Mac's zip adds).
     """
     root = Path(submissions)
     if not root.is_dir():
@@ -263,7 +264,7 @@ def find_submissions(submissions: str | Path, chapters: Sequence[str]) -> tuple[
     ignored: list[Path] = []
     for path in sorted(root.rglob("*.ipynb"), key=lambda p: (len(p.parts), p)):  # flat layout first
         rel = path.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts):
+        if any(part.startswith(".") or part == "__MACOSX" for part in rel.parts):
             continue
         if len(rel.parts) == 2 and path.stem in known or len(rel.parts) == 3 and path.stem in known and rel.parts[1] == path.stem:
             student, chapter = rel.parts[0], path.stem
@@ -276,7 +277,7 @@ def find_submissions(submissions: str | Path, chapters: Sequence[str]) -> tuple[
             continue
         mine[chapter] = path
     for entry in sorted(root.iterdir()):
-        if entry.is_dir() and not entry.name.startswith("."):
+        if entry.is_dir() and not entry.name.startswith(".") and entry.name != "__MACOSX":
             found.setdefault(entry.name, {})
     return dict(sorted(found.items())), ignored
 
@@ -285,7 +286,8 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
           chapters: Sequence[str] | None = None, timeout: float = DEFAULT_CELL_TIMEOUT_S,
           notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT_S, jobs: int | None = None,
           triton_interpret: bool = True, executed_dir: str | Path | None = None,
-          unsafe_no_sandbox: bool = False, progress: Callable[[int, int], None] | None = None) -> list[dict]:
+          unsafe_no_sandbox: bool = False, progress: Callable[[int, int], None] | None = None,
+          students: Sequence[str] | None = None) -> list[dict]:
     """Grade a folder of submissions into a CSV of scores per student and exercise.
 
     Parameters
@@ -314,6 +316,9 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
         Grade without the sandbox (see :func:`grade_notebook`).
     progress : callable, optional
         Called as ``progress(done, total)`` after each notebook.
+    students : sequence of str, optional
+        Grade only these students (folder names), e.g. to regrade one; the CSV then
+        holds their rows only.
 
     Returns
     -------
@@ -338,6 +343,11 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
         if unknown:
             raise ValueError(f"chapters must name notebooks with exercises ({sorted(sources)}); got {unknown}")
     found, ignored = find_submissions(submissions, list(sources))
+    if students is not None:
+        unknown = sorted(set(students) - set(found))
+        if unknown:
+            raise ValueError(f"students must name folders of {str(submissions)!r}; got {unknown}")
+        found = {name: found[name] for name in found if name in set(students)}
     for path in ignored:
         warnings.warn(f"ignored {path}: expected <student>/<chapter>.ipynb or <student>/<chapter>/<chapter>.ipynb "
                       f"with <chapter> one of {sorted(sources)}", stacklevel=2)

@@ -280,6 +280,36 @@ def _generate(outdir: Path, chapters: Sequence[str]) -> None:
         os.environ["PATH"] = old_path
 
 
+def gradebook_submissions(path: Path) -> int:
+    """Submissions recorded in nbgrader's gradebook at ``path`` (0 if it has none or is unreadable)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            return int(db.execute("SELECT COUNT(*) FROM submitted_assignment").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+def keep_gradebook(outdir: Path) -> Path | None:
+    """Copy ``outdir/gradebook.db`` to ``outdir/gradebook-<UTC time>.db`` if it holds
+    submissions (grades), say so on stderr, and return the copy; else None."""
+    import datetime
+
+    db = outdir / "gradebook.db"
+    if not db.is_file():
+        return None
+    count = gradebook_submissions(db)
+    if count == 0:
+        return None
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    backup = outdir / f"gradebook-{stamp}.db"
+    shutil.copy2(db, backup)
+    print(f"{db} holds {count} graded submission(s): kept a copy as {backup.name} before rebuilding",
+          file=sys.stderr)
+    return backup
+
+
 def build(outdir: str | Path, notebooks: Sequence[str | Path] | None = None) -> list[Chapter]:
     """Build student versions of every notebook that has exercises.
 
@@ -288,7 +318,8 @@ def build(outdir: str | Path, notebooks: Sequence[str | Path] | None = None) -> 
     outdir : str or Path
         Where the nbgrader course is written; the paths it owns
         (``source/ release/ solutions/ gradebook.db nbgrader_config.py``) are
-        deleted and rewritten, anything else there is left alone.
+        deleted and rewritten, anything else there is left alone. A gradebook that
+        holds submissions is first copied aside (:func:`keep_gradebook`).
     notebooks : sequence of str or Path, optional
         The notebooks to consider; default every ``notebooks/*.ipynb``.
         Notebooks without exercises are skipped.
@@ -309,6 +340,7 @@ def build(outdir: str | Path, notebooks: Sequence[str | Path] | None = None) -> 
             raise ValueError(f"notebook names must not contain '+' (nbgrader forbids it); got {name!r}")
 
     outdir.mkdir(parents=True, exist_ok=True)
+    keep_gradebook(outdir)
     for owned in _OWNED:
         target = outdir / owned
         if target.is_dir():
