@@ -290,3 +290,62 @@ def test_no_bench_stub_launches_no_trial_runs():
     x = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     count[(1,)](x, 7)
     assert int(x[0]) == 1  # one launch, first config (V = 1); a timed trial would have added more
+
+
+# ------------------------------------------- a ragged key block in the atomic-dQ backward
+def _far_scores(n_q: int, n_k: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v, do whose scores all sit near -600 in log2 units: every row's L is that low, so
+    exp2(S - L) of a padding key (K masked to 0, S = 0) would be 2^600, inf even in fp32."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = 10 + 0.1 * torch.randn(1, 2, n_q, d, generator=g)
+    k = -10 + 0.1 * torch.randn(1, 2, n_k, d, generator=g)
+    v, do = (torch.randn(1, 2, n, d, generator=g) for n in (n_k, n_q))
+    return q, k, v, do
+
+
+@runs_somewhere
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("n_k", [1, 3, 16 * SIZE + 5])
+def test_ragged_key_block_adds_nothing_to_dq(n_k, deterministic):
+    """A key block shorter than BLOCK_N: its padding keys must not reach dQ. With the atomic dQ
+    (deterministic=False) each key block adds dS^T K into dQ; a padding key's K row is 0, and if
+    its P were not masked, P = exp2(0 - L) overflows and inf * 0 puts NaN into dQ (seen in fp16
+    on a GPU with short packed sequences; here fp32 scores far below zero overflow the same way)."""
+    q, k, v, do = _far_scores(40 * SIZE, n_k, 16, seed=n_k)
+    qg, kg, vg = (t.to(DEVICE).clone().requires_grad_() for t in (q, k, v))
+    flash_attention(qg, kg, vg, deterministic=deterministic).backward(do.to(DEVICE))
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    masked_attention(*ref, False, None).backward(do.double())
+    for name, got, want in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), ref):
+        got = got.cpu().double()
+        assert torch.isfinite(got).all(), f"{name} has {int((~torch.isfinite(got)).sum())} non-finite entries"
+        # fp32 scores of magnitude ~400 keep ~9 bits fewer than unit scores: 1e-3, not fp32's 1e-5
+        err = ((got - want.grad).abs().max() / want.grad.abs().max().clamp_min(1.0)).item()
+        assert err < 1e-3, f"{name}: error {err:.1e}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("d", [16, 64, 128])
+@pytest.mark.parametrize("cu_k", [[0, 1, 2, 3], [0, 3]])
+def test_gpu_fp16_atomic_dq_with_keys_shorter_than_a_block(d, cu_k):
+    """flash-attn's own test case: fp16, deterministic=False, packed sequences whose key lengths
+    are shorter than one key block; every gradient finite and within the low-precision rule."""
+    cu_q = [0, 76, 110, 256] if len(cu_k) == 4 else [0, 256]
+    g = torch.Generator(device="cpu").manual_seed(d)
+    q, do = (3 * torch.randn(cu_q[-1], 5, d, generator=g) for _ in range(2))
+    k, v = (3 * torch.randn(cu_k[-1], 5, d, generator=g) for _ in range(2))
+    cq, ck = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cu_q, cu_k))
+    lq, lk = max(np.diff(cu_q)), max(np.diff(cu_k))
+    qg, kg, vg = (t.to("cuda", torch.float16).requires_grad_() for t in (q, k, v))
+    flash_attention_varlen(qg, kg, vg, cq, ck, lq, lk, deterministic=False).backward(do.to("cuda", torch.float16))
+    for name, got in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad)):
+        assert torch.isfinite(got).all(), f"{name}: {int((~torch.isfinite(got)).sum())} non-finite entries"
+    for b in range(len(cu_q) - 1):  # each sequence against float64 autograd of it alone
+        (a0, a1), (b0, b1) = (cu_q[b], cu_q[b + 1]), (cu_k[b], cu_k[b + 1])
+        seq = [t[s0:s1].double().transpose(0, 1)[None].requires_grad_() for t, (s0, s1) in
+               zip((q, k, v), ((a0, a1), (b0, b1), (b0, b1)))]
+        masked_attention(*seq, False, None).backward(do[a0:a1].double().transpose(0, 1)[None])
+        for got, ref, (s0, s1) in zip((qg.grad, kg.grad, vg.grad), seq, ((a0, a1), (b0, b1), (b0, b1))):
+            want = ref.grad[0].transpose(0, 1)
+            err = (got[s0:s1].cpu().double() - want).abs().max().item()
+            assert err < 2e-2 * max(1.0, want.abs().max().item()), f"sequence {b}: gradient error {err:.1e}"

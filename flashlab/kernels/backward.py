@@ -172,6 +172,11 @@ def _dkdv_kernel(
         # Query blocks that see this key block (_common.visible_range, keys fixed): masked
         # [q_lo, in_lo) and [in_hi, q_hi) (diagonal, window edges, ragged tail), unmasked [in_lo, in_hi).
         q_lo, in_lo, in_hi, q_hi = visible_range_tl(start_n * BLOCK_N, BLOCK_N, N_K, -diag_hi, -diag_lo, N_Q, BLOCK_M)
+        if start_n * BLOCK_N + BLOCK_N > N_K:
+            # A ragged key block: its padding keys (K = 0, so S = 0) must be masked in every query
+            # block, or P = exp2(0 - L_i) can overflow and the atomic dQ_i += dS K_j gets inf * 0.
+            in_lo = q_hi
+            in_hi = q_hi
         for g in range(0, GROUP):  # GQA: the query heads that share this K/V head
             off_h = off_hkv * GROUP + g
             q_base = Q + off_z * stride_qz + off_h * stride_qh + q_start * stride_qm
