@@ -210,6 +210,8 @@ def test_varlen_matches_per_sequence_reference(causal, window, deterministic):
         ({"cu_seqlens_k": torch.tensor([0, 3, 5, 9], dtype=torch.int32)}, ["cu_seqlens_k", "same number of sequences"]),
         ({"cu_seqlens_q": torch.tensor([0.0, 4.0, 8.0])}, ["cu_seqlens_q must be an int32 tensor"]),
         ({"max_seqlen_q": 3}, ["max_seqlen_q must be an int >= the longest sequence (5)"]),
+        ({"max_seqlen_q": np.int64(4)}, ["max_seqlen_q must be an int >= the longest sequence (5)"]),
+        ({"max_seqlen_q": 5.0}, ["max_seqlen_q must be an int >= the longest sequence (5)"]),
         ({"q": torch.zeros(1, 8, 2, 16)}, ["q must be 3-D (total_tokens, heads, head_dim)"]),
     ],
 )
@@ -335,7 +337,7 @@ def test_gpu_fp16_atomic_dq_with_keys_shorter_than_a_block(d, cu_k):
     q, do = (3 * torch.randn(cu_q[-1], 5, d, generator=g) for _ in range(2))
     k, v = (3 * torch.randn(cu_k[-1], 5, d, generator=g) for _ in range(2))
     cq, ck = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cu_q, cu_k))
-    lq, lk = max(np.diff(cu_q)), max(np.diff(cu_k))
+    lq, lk = max(np.diff(cu_q)), max(np.diff(cu_k))  # numpy integers are accepted
     qg, kg, vg = (t.to("cuda", torch.float16).requires_grad_() for t in (q, k, v))
     flash_attention_varlen(qg, kg, vg, cq, ck, lq, lk, deterministic=False).backward(do.to("cuda", torch.float16))
     for name, got in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad)):

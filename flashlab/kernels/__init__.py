@@ -158,7 +158,7 @@ def flash_attention_varlen(
     check_runnable(q.device)
     packed = lambda t: t.permute(1, 0, 2).unsqueeze(0)  # noqa: E731  (total, H, d) -> (1, H, total, d) view
     o, lse2 = FlashAttentionFunction.apply(packed(q), packed(k), packed(v), bool(causal), scale, window,
-                                           bool(deterministic), (cu_q, cu_k, max_seqlen_q, max_seqlen_k))
+                                           bool(deterministic), (cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k)))
     o = o.squeeze(0).permute(1, 0, 2)  # back to (total_q, H, d)
     if return_lse:
         return o, lse2 * LN2

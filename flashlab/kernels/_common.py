@@ -6,6 +6,7 @@ skipping (:func:`visible_range`).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import torch
@@ -343,6 +344,6 @@ def check_cu_seqlens(name: str, cu: object, total: int, max_seqlen: object, max_
     if host[0] != 0 or host[-1] != total or any(b < a for a, b in zip(host, host[1:])):
         raise ValueError(f"{name} must start at 0, never decrease and end at the token count {total}; got {host[:8]}{'...' if len(host) > 8 else ''}")
     longest = max(b - a for a, b in zip(host, host[1:]))
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < longest:
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral) or max_seqlen < longest:
         raise ValueError(f"{max_name} must be an int >= the longest sequence ({longest}); got {max_seqlen!r}")
     return cu.to(torch.int32).contiguous()
