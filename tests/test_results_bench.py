@@ -127,13 +127,6 @@ def test_kernel_bench_columns_and_flops():
         assert {r["impl"] for r in rec.rows if (r["d"], r["causal"], r["N"], r["pass"]) == shape} >= {"flashlab", "sdpa_flash", "sdpa_cudnn"}
 
 
-def test_note_value_reads_key_value_notes():
-    row = {"note": "GB/s=3075;max_err=6.2e-05;host_us=88.7"}
-    assert results.note_value(row, "host_us") == 88.7 and results.note_value(row, "max_err") == 6.2e-05
-    with pytest.raises(ValueError, match="key must be one of"):
-        results.note_value(row, "ms")
-
-
 def test_kernel_suite_fp8_rows_are_forward_only(monkeypatch):
     """flashlab_fp8 (asked for by name) gives forward rows with dtype float8_e4m3fn and no
     forward+backward rows; its inputs are quantised before timing. Under the interpreter on CPU."""

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RESULTS_DIR", "Recorded", "load", "note_value", "write"]
+__all__ = ["RESULTS_DIR", "Recorded", "load", "write"]
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"  # the checkout's results/
 REQUIRED_META = ("gpu", "driver", "torch", "triton", "date", "command", "commit")
@@ -74,15 +74,6 @@ class Recorded:
     def column(self, name: str, **conditions: object) -> list[object]:
         """The values of column ``name`` in the rows matching ``conditions``."""
         return [r[name] for r in self.where(**conditions)]
-
-
-def note_value(row: dict[str, object], key: str) -> float:
-    """A number from a row's ``note`` column, which holds ``key=value`` pairs separated by
-    ``;`` (e.g. ``"GB/s=3075;max_err=6.2e-05;host_us=88.7"``)."""
-    pairs = dict(item.split("=", 1) for item in str(row.get("note", "")).split(";") if "=" in item)
-    if key not in pairs:
-        raise ValueError(f"key must be one of {sorted(pairs)} in the note of this row; got {key!r}")
-    return float(pairs[key])
 
 
 def load(stem: str, results_dir: str | Path | None = None) -> Recorded:

@@ -12,7 +12,7 @@ classification as ``window_block_counts``. Colours are the Okabe-Ito palette of
 :mod:`.timeline`.
 
 The chapter's tables read the same two runs through the small helpers below
-(:func:`recorded_ms`, :func:`note_value`, :func:`decode_shapes`, :func:`decode_timing`,
+(:func:`recorded_ms`, :func:`decode_shapes`, :func:`decode_timing`,
 :func:`decode_splits`), so the figure and the printed numbers come from one place.
 """
 
@@ -24,11 +24,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from flashlab.hardware import H200
-from flashlab.lab.results import note_value
 from flashlab.reference.beyond import window_block_counts, window_mask
 from flashlab.course.figures.timeline import COLOURS
 
-__all__ = ["block_masks", "features_h200", "recorded_ms", "note_value", "decode_shapes", "decode_timing",
+__all__ = ["block_masks", "features_h200", "recorded_ms", "decode_shapes", "decode_timing",
            "decode_splits"]
 
 TILE_COLOURS = {"full": COLOURS[0], "masked": COLOURS[1], "skipped": "0.93"}
@@ -107,18 +106,18 @@ def decode_timing(rec, impl: str, B: int, H: int, N: int) -> dict[str, float]:
     (eager,) = rec.where(case="decode", impl=impl, B=B, H=H, N=N)
     (graph,) = rec.where(case="decode", impl=impl + "_graph", B=B, H=H, N=N)
     cache_bytes = 2 * B * H * N * eager["d"] * 2
-    return {"ms": eager["ms"], "graph_ms": graph["ms"], "host_us": note_value(eager, "host_us"),
+    return {"ms": eager["ms"], "graph_ms": graph["ms"], "host_us": eager["host_us"],
             "tb_s": cache_bytes / (graph["ms"] * 1e-3) / 1e12}
 
 
 def decode_splits(rec, B: int, H: int, N: int) -> tuple[int, dict[int, float]]:
     """The split-count sweep at one decoding shape: (the count ``choose_num_splits`` chose,
     {number of splits: GPU time in ms, from a CUDA graph})."""
-    rows = [r for r in rec.where(case="decode", B=B, H=H, N=N) if "num_splits=" in str(r["note"])]
+    rows = [r for r in rec.where(case="decode", B=B, H=H, N=N) if r["num_splits"] != ""]
     if not rows:
         raise ValueError(f"results/{rec.stem} has no split-count sweep at B={B}, H={H}, N={N}")
-    times = {int(note_value(r, "num_splits")): r["ms"] for r in rows}
-    return int(note_value(rows[0], "chosen")), dict(sorted(times.items()))
+    times = {int(r["num_splits"]): r["ms"] for r in rows}
+    return int(rows[0]["chosen_splits"]), dict(sorted(times.items()))
 
 
 def _ratio_label(base_ms: float, t_ms: float) -> str:
@@ -186,12 +185,12 @@ def features_h200(stem: str = "beyond_h200", decode_stem: str = "decode_h200") -
                                 ("causal", causal, COLOURS[0])],
                     "(a) causal block skipping, N = 16384", "time / full attention's time")
     _relative_panel(ax_w, rec, [("causal, no window", causal, COLOURS[0]),
-                                ("causal, window 4096", {"case": "window", "note": "window=4096"}, ORANGE),
-                                ("causal, window 1024", {"case": "window", "note": "window=1024"}, COLOURS[1])],
+                                ("causal, window 4096", {"case": "window", "window": 4096}, ORANGE),
+                                ("causal, window 1024", {"case": "window", "window": 1024}, COLOURS[1])],
                     "(b) sliding window, N = 16384", "time / causal time")
-    _relative_panel(ax_g, rec, [("32 K/V heads (MHA)", {"case": "gqa", "note": "h_kv=32"}, COLOURS[0]),
-                                ("8 K/V heads (GQA)", {"case": "gqa", "note": "h_kv=8"}, COLOURS[2]),
-                                ("1 K/V head (MQA)", {"case": "gqa", "note": "h_kv=1"}, COLOURS[3])],
+    _relative_panel(ax_g, rec, [("32 K/V heads (MHA)", {"case": "gqa", "h_kv": 32}, COLOURS[0]),
+                                ("8 K/V heads (GQA)", {"case": "gqa", "h_kv": 8}, COLOURS[2]),
+                                ("1 K/V head (MQA)", {"case": "gqa", "h_kv": 1}, COLOURS[3])],
                     "(c) 32 query heads sharing K/V heads, causal, N = 8192", "time / MHA time")
     _relative_panel(ax_v, rec, [("padded to 4096 (same kernel)", {"case": "varlen", "impl": "flashlab_padded"}, GREY),
                                 ("packed (varlen kernel)", {"case": "varlen", "impl": "flashlab_varlen"}, COLOURS[2]),
