@@ -23,7 +23,7 @@ import torch
 
 from flashlab.lab.measure import function_at, gpu_tag, isolated, precompile, provenance, time_ms
 
-__all__ = ["EXPERIMENTS", "isolated", "measure_case", "record", "ms", "precompile", "require_gpu", "run"]
+__all__ = ["EXPERIMENTS", "isolated", "measure_case", "record", "gpu_ms", "precompile", "require_gpu", "run"]
 
 COMMAND = "python -m flashlab.lab.experiments"
 
@@ -49,7 +49,7 @@ def require_gpu() -> None:
         raise RuntimeError("this experiment measures a CUDA GPU; none is available (run it on a machine with one)")
 
 
-def ms(fn: Callable[[], object]) -> float:
+def gpu_ms(fn: Callable[[], object]) -> float:
     """Median milliseconds of ``fn`` on the GPU (triton.testing.do_bench)."""
     return time_ms(fn, "cuda")
 
@@ -66,7 +66,7 @@ def measure_case(row: dict[str, object], run: Callable[[], torch.Tensor], refere
             o = run()
             if timed:
                 err = (o.float() - reference()).abs().max().item()
-                t = ms(run)
+                t = gpu_ms(run)
                 row.update(ms=round(t, 5), tflops=round(flops / (t * 1e-3) / 1e12, 2), max_err=f"{err:.2e}", status="ok")
     except Exception as exc:
         if not timed:

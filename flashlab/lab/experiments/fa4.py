@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from flashlab.lab.experiments import ms, record, require_gpu
+from flashlab.lab.experiments import gpu_ms, record, require_gpu
 from flashlab.lab.measure import paper_shape
 from flashlab.reference.naive import attention_flops
 
@@ -105,7 +105,7 @@ def run(out: Path) -> list[Path]:
                 shape = {"causal": causal, "d": d, "N": N, "B": B, "H": H}
 
                 def add(variant, poly, theta, fn, o, compiled, rescales_mean):
-                    t = ms(fn)
+                    t = gpu_ms(fn)
                     err = (o.float() - ref).abs().max().item()
                     rows.append({"variant": variant, "poly_fraction": poly,
                                  "poly_realised": realised_poly_fraction(poly), "threshold": theta, **shape,

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashlab.lab.experiments import measure_case, ms, record, require_gpu
+from flashlab.lab.experiments import gpu_ms, measure_case, record, require_gpu
 from flashlab.lab.measure import paper_shape
 from flashlab.reference.naive import attention_flops
 
@@ -80,7 +80,7 @@ def bench_rows() -> list[dict[str, object]]:
             for (impl, dtype), fn in _impls(q, k, v, pre, causal).items():
                 try:
                     with torch.no_grad():
-                        t = ms(fn)
+                        t = gpu_ms(fn)
                 except (RuntimeError, ValueError) as exc:  # a backend that refuses the shape, or OOM
                     print(f"[{i}/{len(jobs)}] {impl} d={d} N={n} causal={causal}: skipped ({str(exc)[:100]})",
                           flush=True)
