@@ -7,7 +7,7 @@ import flashlab.lab.experiments as experiments
 
 
 def test_measure_case_records_time_error_and_failures(monkeypatch):
-    monkeypatch.setattr(experiments, "ms", lambda fn: 2.0)  # do_bench needs a GPU
+    monkeypatch.setattr(experiments, "gpu_ms", lambda fn: 2.0)  # do_bench needs a GPU
     ref = torch.ones(3)
     row = experiments.measure_case({"cfg": 1}, lambda: ref + 1e-3, lambda: ref, flops=4e12, timed=True)
     assert row == {"cfg": 1, "ms": 2.0, "tflops": 2000.0, "max_err": "1.00e-03", "status": "ok"}
