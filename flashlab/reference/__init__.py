@@ -13,6 +13,7 @@ Float64 by default. One module per idea:
 - :mod:`.rescale` — online softmax with conditional rescaling (FlashAttention-4)
 - :mod:`.beyond`  — causal block skipping, sliding window, GQA/MQA, variable length, split-KV
                    decoding (flash-decoding), paged KV cache
+- :mod:`.ring`    — ring attention over P simulated ranks (context parallelism), zig-zag layout
 """
 
 from .beyond import (
@@ -34,6 +35,7 @@ from .flash1 import block_sizes, flash1_backward, flash1_block_counts, flash1_fl
 from .flash2 import flash2_backward, flash2_forward
 from .common import causal_mask
 from .naive import attention, attention_backward, attention_flops, scores
+from .ring import ring_attention, ring_attention_backward, ring_work, shard_positions
 from .softmax import OnlineSoftmaxState, naive_softmax, online_attention, online_softmax, softmax
 
 __all__ = [
@@ -67,4 +69,8 @@ __all__ = [
     "split_heuristic",
     "PagedKVCache",
     "attention_paged",
+    "ring_attention",
+    "ring_attention_backward",
+    "ring_work",
+    "shard_positions",
 ]
