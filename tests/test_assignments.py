@@ -39,9 +39,12 @@ from flashlab.course.assignments import (
     NOTEBOOKS_DIR,
     build,
     exercises,
+    feedback_text,
     find_submissions,
     grade,
+    load_extra_tests,
     main,
+    outputs_of,
     replace_solution_body,
     solution_body,
     strip_hidden_tests,
@@ -434,6 +437,22 @@ def test_grade_scores_a_class(tmp_path: Path, built: dict) -> None:
     assert "ch02-ex4-solution" in messages[("bob", "ch02-ex4-tests")]
     assert messages[("bob", "toy-ex1-tests")] == f"no notebook submitted for {FIXTURE.stem}"
     assert all(messages[k] == "" for k, v in table.items() if v[2] == "passed")
+    # beside it: one row per student, and a feedback file per student
+    summary, feedback = outputs_of(out)
+    assert summary == out.with_name("grades_summary.csv") and feedback == out.with_name("grades_feedback")
+    columns, per_student = _read_csv(summary)
+    assert columns == ["student", "02_online_softmax", FIXTURE.stem, "total", "max_points"]
+    assert per_student == [
+        {"student": "alice", "02_online_softmax": "6", FIXTURE.stem: "3", "total": "9", "max_points": "9"},
+        {"student": "bob", "02_online_softmax": "3", FIXTURE.stem: "0", "total": "3", "max_points": "9"}]
+    assert sorted(p.name for p in feedback.iterdir()) == ["alice.md", "bob.md"]
+    text = (feedback / "bob.md").read_text(encoding="utf-8")
+    assert "**3 of 9 points.**" in text and "## 02_online_softmax: 3 of 6 points" in text
+    assert "| ch02-ex3 | 0 of 2 | a hidden test failed: AssertionError: two empty states merge" in text
+    assert "| ch02-ex4 | 0 of 1 | missing: " in text and "| ch02-ex1 | 1 of 1 | passed |" in text
+    hidden = [line.strip() for cell in book_nb.cells if cell.metadata.get("nbgrader", {}).get("grade")
+              for line in _region(cell.source, BEGIN_HIDDEN, END_HIDDEN)[1] if len(line.strip()) > 12]
+    assert hidden and not [line for line in hidden if line in text], "feedback quotes no hidden test"
 
 
 @pytest.mark.slow
@@ -496,6 +515,83 @@ def test_find_submissions_accepts_both_layouts(tmp_path: Path) -> None:
     assert sorted(p.relative_to(tmp_path).as_posix() for p in ignored) == ["ann/02_x/02_x.ipynb", "cy/other.ipynb", "top.ipynb"]
 
 
+def test_find_submissions_accepts_flat_lms_downloads(tmp_path: Path) -> None:
+    """Canvas, Moodle and plain <name>_<id>_<chapter>.ipynb downloads, straight in the folder."""
+    names = {
+        "ann_42_02_x.ipynb": ("ann_42", "02_x"),                                   # <name>_<id>_<chapter>
+        "ann_42_03_y (1).ipynb": ("ann_42", "03_y"),                               # a browser's copy suffix
+        "smithbob_LATE_1234_998877_02_x-1.ipynb": ("smithbob_1234", "02_x"),       # Canvas, late, renamed
+        "smithbob_1234_998878_03_y.ipynb": ("smithbob_1234", "03_y"),              # Canvas: another submission id
+        "Cy Dee_77_assignsubmission_file_02_x.ipynb": ("Cy Dee_77", "02_x"),       # Moodle, flat
+        "Eve Fo_78_assignsubmission_file_/03_y.ipynb": ("Eve Fo_78", "03_y"),      # Moodle, one folder each
+    }
+    for rel in [*names, "ann_42_02_x-2.ipynb", "02_x.ipynb", "notes.ipynb", "__MACOSX/._ann_42_02_x.ipynb"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}")
+    found, ignored = find_submissions(tmp_path, ["02_x", "03_y"])
+    assert {(s, c): p.relative_to(tmp_path).as_posix() for s, mine in found.items() for c, p in mine.items()} == {
+        v: k for k, v in names.items()}
+    assert sorted(p.name for p in ignored) == ["02_x.ipynb", "ann_42_02_x-2.ipynb", "notes.ipynb"], \
+        "a second file for one student and chapter is reported, not graded"
+
+
+def test_extra_tests_are_checked_before_grading(tmp_path: Path) -> None:
+    (tmp_path / "toy-ex1.py").write_text("assert softmax is not None\n")
+    (tmp_path / "toy-ex2-tests.py").write_text("pass\n")
+    (tmp_path / "README.md").write_text("not a test")
+    assert load_extra_tests(tmp_path, [FIXTURE]) == {"toy-ex1": "assert softmax is not None\n", "toy-ex2": "pass\n"}
+    (tmp_path / "toy-ex3.py").write_text("pass\n")
+    with pytest.raises(ValueError, match="toy-ex3.py: the file must be named <exercise>.py"):
+        load_extra_tests(tmp_path, [FIXTURE])
+    (tmp_path / "toy-ex3.py").unlink()
+    (tmp_path / "toy-ex1.py").write_text("assert (\n")
+    with pytest.raises(ValueError, match="toy-ex1.py are not valid Python"):
+        load_extra_tests(tmp_path, [FIXTURE])
+    with pytest.raises(FileNotFoundError, match="extra_tests must be a folder"):
+        load_extra_tests(tmp_path / "nowhere", [FIXTURE])
+
+
+@pytest.mark.slow
+def test_extra_hidden_tests_are_merged_in(tmp_path: Path, built: dict) -> None:
+    """The instructor's folder of extra hidden tests catches an answer the book's tests
+    accept (a softmax that subtracts the maximum of the whole array, not of each row),
+    and the feedback says a hidden test failed without quoting it."""
+    toy = built[FIXTURE.stem]
+    source, student = nbformat.read(FIXTURE, as_version=4), nbformat.read(toy.release, as_version=4)
+    global_max = "e = np.exp(x - x.max())\nreturn e / e.sum(axis=-1, keepdims=True)"
+    sub = tmp_path / "sub"
+    _put(_answered(student, source), sub / "honest" / FIXTURE.name)
+    _put(_answered(student, source, {"toy-ex1-solution": global_max}), sub / "global_max" / FIXTURE.name)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    secret = "rows_far_apart = np.array([[0.0, 1.0], [1000.0, 1001.0]])"
+    (extra / "toy-ex1.py").write_text(f"{secret}\nout = softmax(rows_far_apart)\n"
+                                      "assert np.allclose(out.sum(axis=-1), 1.0), 'rows of very different size'\n")
+    without = {(r["student"], r["exercise"]): r["status"] for r in grade(sub, tmp_path / "a.csv", notebooks=[FIXTURE])}
+    assert without[("global_max", "toy-ex1-tests")] == "passed", "the book's own tests accept it"
+    rows = grade(sub, tmp_path / "b.csv", notebooks=[FIXTURE], extra_tests=extra)
+    got = {(r["student"], r["exercise"]): (r["status"], r["message"]) for r in rows}
+    assert got[("global_max", "toy-ex1-tests")] == ("failed", "AssertionError: rows of very different size")
+    assert got[("honest", "toy-ex1-tests")] == ("passed", "") and got[("global_max", "toy-ex2-tests")][0] == "passed"
+    text = (outputs_of(tmp_path / "b.csv")[1] / "global_max.md").read_text(encoding="utf-8")
+    assert "a hidden test failed: AssertionError: rows of very different size" in text and secret not in text
+
+
+def test_feedback_says_which_check_failed_without_its_source() -> None:
+    from flashlab.course.grader import Score
+
+    text = feedback_text("ann", [("02_x", [
+        Score("ch02-ex1-tests", 1.0, 1.0, "passed"),
+        Score("ch02-ex2-tests", 0.0, 2.0, "failed", "AssertionError (line 7 of the cell)", "hidden"),
+        Score("ch02-ex3-tests", 0.0, 2.0, "failed", "AssertionError: divide by sqrt(d)", "visible"),
+        Score("ch02-ex4-tests", 0.0, 1.0, "error", "NotImplementedError: not answered (the stub still raises)",
+              "visible")])])
+    assert "**1 of 6 points.**" in text and "## 02_x: 1 of 6 points" in text
+    assert "| ch02-ex2 | 0 of 2 | a hidden test failed: AssertionError (the hidden test gives no message) |" in text
+    assert "| ch02-ex3 | 0 of 2 | a visible check failed: AssertionError: divide by sqrt(d) |" in text
+    assert "line 7" not in text
+
+
 def test_replace_solution_body_in_book_and_student_versions(built: dict) -> None:
     toy = built[FIXTURE.stem]
     book = _cell(nbformat.read(FIXTURE, as_version=4), "toy-ex2-solution").source
@@ -521,12 +617,14 @@ def test_command_line_grade_and_build(tmp_path: Path, built: dict, capsys: pytes
     assert [r["status"] for r in _read_csv(out)[1]] == ["passed", "passed"]
     assert main(["grade", str(tmp_path / "sub"), "--out", str(out), "--notebooks", str(FIXTURE),
                  "--student", "bob"]) == 2
-    assert "students must name folders" in capsys.readouterr().err
+    assert "students must name students of" in capsys.readouterr().err
     _put(nbformat.read(toy.release, as_version=4), tmp_path / "sub" / "bob" / f"{FIXTURE.stem}.ipynb")
     assert main(["grade", str(tmp_path / "sub"), "--out", str(out), "--notebooks", str(FIXTURE),
                  "--student", "alice"]) == 0
     assert {r["student"] for r in _read_csv(out)[1]} == {"alice"}, "--student grades that student only"
-    assert "graded 1/1 notebooks" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert re.search(r"graded: 100%.*\b1/1\b", captured.err), captured.err    # tqdm's bar
+    assert f"summary per student: {out.with_name('grades_summary.csv').resolve()}" in captured.out
     assert main(["grade", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     assert "one folder per student" in capsys.readouterr().err
     # the build command, with and without its name

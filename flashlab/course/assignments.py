@@ -2,11 +2,13 @@
 
     python -m flashlab.course.assignments [build] OUTDIR [NOTEBOOK ...]
     python -m flashlab.course.assignments grade SUBMISSIONS [--out build/grades.csv] [--chapter NAME ...]
+                                                [--student NAME ...] [--extra-tests DIR]
                                                 [--unsafe-no-sandbox]
 
 ``build`` writes the student versions with nbgrader (:func:`~flashlab.course.grader.build`);
 ``grade`` grades a folder of submissions, each notebook in its own bubblewrap sandbox
-(:func:`~flashlab.course.grader.grade`). Default notebooks: every ``notebooks/*.ipynb``
+(:func:`~flashlab.course.grader.grade`) into a CSV per exercise, a summary CSV per
+student and a feedback file per student. Default notebooks: every ``notebooks/*.ipynb``
 of the repository.
 """
 
@@ -28,6 +30,7 @@ from flashlab.course.grader import (
     SandboxUnavailable,
     build,
     grade,
+    outputs_of,
 )
 from flashlab.course.grader.session import FORBIDDEN  # noqa: F401
 
@@ -58,7 +61,10 @@ def _grade_summary(rows: Sequence[dict], out_csv: Path, seconds: float) -> str:
                      + " ".join(f"{c:>7}" for c in counts))
     if not rows:
         lines.append("(no submission found)")
+    summary, feedback = outputs_of(out_csv)
     lines.append(f"grades: {out_csv}")
+    lines.append(f"summary per student: {summary}")
+    lines.append(f"feedback per student: {feedback}")
     lines.append(f"graded in {seconds:.1f} s")
     return "\n".join(lines)
 
@@ -70,8 +76,12 @@ def _main_grade(argv: Sequence[str]) -> int:
                     "Each notebook runs in its own bubblewrap sandbox; the book's tests cells (hidden tests "
                     "included) run in the grader and call the student's functions in the sandbox.",
         epilog="Layout: SUBMISSIONS/<student>/<chapter>.ipynb or SUBMISSIONS/<student>/<chapter>/<chapter>.ipynb "
-               "(nbgrader's submitted/ folder), <chapter> being the notebook's name, e.g. 02_online_softmax. "
-               f"CSV columns: {', '.join(GRADE_COLUMNS)}.",
+               "(nbgrader's submitted/ folder), or flat LMS downloads SUBMISSIONS/<name>_<id>_<chapter>.ipynb "
+               "(Canvas's <name>_<id>_<submission id>_<chapter>.ipynb, Moodle's "
+               "<Full Name>_<id>_assignsubmission_file_<chapter>.ipynb), <chapter> being the notebook's name, "
+               f"e.g. 02_online_softmax. CSV columns: {', '.join(GRADE_COLUMNS)}. Beside the CSV: "
+               "<stem>_summary.csv (student, points per chapter, total, max_points) and "
+               "<stem>_feedback/<student>.md.",
     )
     parser.add_argument("submissions", type=Path, help="folder with one folder per student")
     parser.add_argument("--out", type=Path, default=Path("build/grades.csv"), help="CSV written (default: build/grades.csv)")
@@ -86,7 +96,11 @@ def _main_grade(argv: Sequence[str]) -> int:
                         help="also write the executed notebooks here (they contain the hidden tests)")
     parser.add_argument("--student", action="append", dest="students", metavar="NAME",
                         help="grade only this student (repeatable), e.g. to regrade one")
-    parser.add_argument("--quiet", action="store_true", help="no progress line while grading")
+    parser.add_argument("--extra-tests", type=Path, default=None, metavar="DIR",
+                        help="a folder of more hidden tests, <exercise>.py each (e.g. ch02-ex1.py), run after "
+                             "the book's tests of that exercise")
+    parser.add_argument("--no-feedback", action="store_true", help="do not write the feedback files")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar while grading")
     parser.add_argument("--notebook-timeout", type=float, default=DEFAULT_NOTEBOOK_TIMEOUT_S,
                         help=f"seconds each whole notebook may run (default: {DEFAULT_NOTEBOOK_TIMEOUT_S:g})")
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
@@ -96,20 +110,29 @@ def _main_grade(argv: Sequence[str]) -> int:
                         help="do not set TRITON_INTERPRET=1 in the kernels (Triton then uses a GPU if present)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    bar = []
 
     def progress(done: int, total: int) -> None:
-        if not args.quiet:
-            print(f"\rgraded {done}/{total} notebooks ({time.perf_counter() - start:.0f} s)",
-                  end="\n" if done == total else "", file=sys.stderr, flush=True)
+        if args.quiet:
+            return
+        if not bar:
+            from tqdm import tqdm
+
+            bar.append(tqdm(total=total, desc="graded", unit="notebook", file=sys.stderr, dynamic_ncols=True))
+        bar[0].update(done - bar[0].n)
 
     try:
         rows = grade(args.submissions, args.out, notebooks=args.notebooks, chapters=args.chapters,
                      timeout=args.timeout, jobs=args.jobs, triton_interpret=not args.no_interpret,
                      executed_dir=args.executed, notebook_timeout=args.notebook_timeout,
-                     unsafe_no_sandbox=args.unsafe_no_sandbox, students=args.students, progress=progress)
+                     unsafe_no_sandbox=args.unsafe_no_sandbox, students=args.students, progress=progress,
+                     extra_tests=args.extra_tests, feedback=not args.no_feedback)
     except (FileNotFoundError, ValueError, SandboxUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        for b in bar:
+            b.close()
     print(_grade_summary(rows, args.out.resolve(), time.perf_counter() - start))
     return 0
 

@@ -1,7 +1,7 @@
 """The exercises' grader: student versions, and grading untrusted submissions.
 
   notebook   the authoring convention (solution and tests cells), :func:`build` with nbgrader
-  grading    :func:`grade` a folder of submissions into a CSV, :func:`grade_variants` for the banks
+  grading    :func:`grade` a folder of submissions into CSVs and feedback, :func:`grade_variants` for the banks
   session    one submission's kernel, in its sandbox, and the checks that run outside it
   sandbox    bubblewrap, resource limits, and the package copy the sandbox sees
   codec      values as data: all that comes back from a submission's kernel
@@ -17,10 +17,14 @@ from .grading import (
     STATUSES,
     Score,
     VariantResult,
+    feedback_text,
     find_submissions,
     grade,
     grade_notebook,
     grade_variants,
+    load_extra_tests,
+    outputs_of,
+    summary_rows,
 )
 from .notebook import (
     BEGIN_HIDDEN,
@@ -43,7 +47,7 @@ from .sandbox import SandboxUnavailable
 __all__ = [
     "BEGIN_HIDDEN", "BEGIN_SOLUTION", "COURSE_ID", "DEFAULT_CELL_TIMEOUT_S", "DEFAULT_NOTEBOOK_TIMEOUT_S",
     "END_HIDDEN", "END_SOLUTION", "GRADE_COLUMNS", "NOTEBOOKS_DIR", "REPO_ROOT", "STATUSES", "Chapter",
-    "Exercise", "SandboxUnavailable", "Score", "VariantResult", "build", "exercises", "find_submissions",
-    "grade", "grade_notebook", "grade_variants", "replace_solution_body", "solution_body",
-    "strip_hidden_tests",
+    "Exercise", "SandboxUnavailable", "Score", "VariantResult", "build", "exercises", "feedback_text",
+    "find_submissions", "grade", "grade_notebook", "grade_variants", "load_extra_tests", "outputs_of",
+    "replace_solution_body", "solution_body", "strip_hidden_tests", "summary_rows",
 ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ import nbformat
 
 from . import sandbox
 from .notebook import (
+    BEGIN_HIDDEN,
+    END_HIDDEN,
     NOTEBOOKS_DIR,
     Exercise,
     _grade_id,
@@ -63,7 +66,10 @@ class Score:
     """The grade of one exercise: one row of the grades CSV without student and chapter.
 
     ``exercise`` is the grade_id of the tests cell (``chNN-exK-tests``); ``status`` is
-    one of :data:`STATUSES`; ``message`` is the first line of the error, empty when passed.
+    one of :data:`STATUSES`; ``message`` is the first line of the error, empty when passed;
+    ``check`` whether the check that raised was a ``"visible"`` or a ``"hidden"`` one
+    (``""`` when passed, missing, or not known). ``check`` is not a CSV column: the
+    feedback files use it.
     """
 
     exercise: str
@@ -71,6 +77,7 @@ class Score:
     max_points: float
     status: str
     message: str = ""
+    check: str = ""
 
 
 def _for_grading(submitted: nbformat.NotebookNode, source: nbformat.NotebookNode,
@@ -124,9 +131,10 @@ def _score(ex: Exercise, solution: Outcome | None, tests: Outcome | None) -> Sco
         message = "NotImplementedError: not answered (the stub still raises)"
     if tests.ename == "DeadKernelError":
         message = f"Kernel died: {tests.evalue}"
+    check = tests.check
     if solution is not None and not solution.ok and solution.ename != "NotRun":
-        message = f"the solution cell raised {solution.line}"
-    return Score(ex.tests_id, 0.0, ex.points, status, message[:500])
+        message, check = f"the solution cell raised {solution.line}", ""
+    return Score(ex.tests_id, 0.0, ex.points, status, message[:500], check)
 
 
 def _all(found: Sequence[Exercise], status: str, message: str) -> list[Score]:
@@ -156,7 +164,8 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
                    timeout: float = DEFAULT_CELL_TIMEOUT_S, notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT_S,
                    triton_interpret: bool = True, executed_path: str | Path | None = None,
                    unsafe_no_sandbox: bool = False, site: Path | None = None,
-                   limits: sandbox.Limits = sandbox.Limits()) -> list[Score]:
+                   limits: sandbox.Limits = sandbox.Limits(),
+                   extra_tests: Mapping[str, str] | None = None) -> list[Score]:
     """Grade one submitted notebook against the book's notebook ``source``.
 
     The submission's cells run in a fresh kernel in its own sandbox (``TRITON_INTERPRET=1``
@@ -179,6 +188,9 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
         the submission can read and write whatever the grader can).
     site : path, optional
         A package copy from :func:`package_site`, to share one between notebooks.
+    extra_tests : mapping, optional
+        Exercise name (``"ch02-ex1"``) -> Python source of more hidden tests, run after
+        the book's tests in the same tests cell (see :func:`load_extra_tests`).
 
     Returns
     -------
@@ -192,7 +204,7 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
     """
     sandboxed = sandbox.require(unsafe_no_sandbox)
     found = exercises(source)
-    source_nb = nbformat.read(source, as_version=4)
+    source_nb = with_extra_tests(nbformat.read(source, as_version=4), found, extra_tests or {})
     try:
         submitted = _read(submission)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the submission's fault
@@ -246,15 +258,58 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
     return scores
 
 
+#: Folders an LMS or an archiver adds that hold no submissions.
+SKIPPED_FOLDERS = ("__MACOSX",)
+#: Moodle's suffix of a submission's folder or file name: ``<Full Name>_<id>_assignsubmission_file_``.
+MOODLE_SUFFIX = "_assignsubmission_file_"
+#: What a browser or an LMS appends to a repeated file name: ``-1``, `` (2)``.
+_COPY_SUFFIX = re.compile(r"(-\d+| \(\d+\))$")
+
+
+def _flat_name(stem: str, chapters: Sequence[str]) -> tuple[str, str] | None:
+    """(student, chapter) of a file downloaded flat from an LMS, or None.
+
+    ``stem`` (the file name without ``.ipynb``) must end with ``_<chapter>``, perhaps
+    followed by a copy suffix (``-1``, `` (2)``). Of what comes before, Moodle's
+    ``_assignsubmission_file`` and Canvas's ``_LATE`` marker are dropped, and so is a
+    last number that follows another number (Canvas's submission id, which differs per
+    chapter: ``<name>_<user id>_<submission id>``). What is left names the student.
+    """
+    import re
+
+    base = _COPY_SUFFIX.sub("", stem)
+    for chapter in sorted(chapters, key=len, reverse=True):
+        if not base.endswith("_" + chapter):
+            continue
+        student = base[: -len(chapter) - 1]
+        student = student.removesuffix(MOODLE_SUFFIX.rstrip("_")).removesuffix(MOODLE_SUFFIX)
+        student = re.sub(r"_LATE(?=_|$)", "", student)
+        student = re.sub(r"(_\d+)_\d+$", r"\1", student)
+        return (student, chapter) if student.strip("_ ") else None
+    return None
+
+
 def find_submissions(submissions: str | Path, chapters: Sequence[str]) -> tuple[dict[str, dict[str, Path]], list[Path]]:
     """The notebooks of a submissions folder: ``{student: {chapter: path}}`` and the
-    ``.ipynb`` files that match no chapter (ignored).
+    ``.ipynb`` files that match no chapter, or repeat one (ignored).
 
-    Layout: one folder per student, named by the student's id, holding
-    ``<chapter>.ipynb`` or, as nbgrader collects them, ``<chapter>/<chapter>.ipynb``,
-    where ``<chapter>`` is the notebook's name without ``.ipynb`` (e.g.
-    ``02_online_softmax``). Folders and files starting with ``.`` are skipped, and so
-    are ``__MACOSX`` folders (the resource forks a Mac's zip adds).
+    Accepted, ``<chapter>`` being the notebook's name without ``.ipynb`` (e.g.
+    ``02_online_softmax``):
+
+    - one folder per student, named by the student's id, holding ``<chapter>.ipynb``
+      or, as nbgrader collects them, ``<chapter>/<chapter>.ipynb``; a Moodle folder
+      ``<Full Name>_<id>_assignsubmission_file_/<chapter>.ipynb`` is the student
+      ``<Full Name>_<id>``;
+    - flat files straight in the folder, as an LMS downloads them: ``<student>_<chapter>.ipynb``,
+      where ``<student>`` is e.g. ``<name>_<id>``; Canvas's
+      ``<name>[_LATE]_<user id>_<submission id>_<chapter>[-N].ipynb`` is the student
+      ``<name>_<user id>``, Moodle's ``<Full Name>_<id>_assignsubmission_file_<chapter>.ipynb``
+      the student ``<Full Name>_<id>`` (see :func:`_flat_name`).
+
+    Folders and files starting with ``.`` are skipped, and so are ``__MACOSX``
+    folders (the resource forks a Mac's zip adds). When one student has two notebooks
+    for a chapter, the first in this order is graded and the other reported: a
+    student folder's ``<chapter>.ipynb``, then nbgrader's layout, then a flat file.
     """
     root = Path(submissions)
     if not root.is_dir():
@@ -262,24 +317,161 @@ def find_submissions(submissions: str | Path, chapters: Sequence[str]) -> tuple[
     known = set(chapters)
     found: dict[str, dict[str, Path]] = {}
     ignored: list[Path] = []
-    for path in sorted(root.rglob("*.ipynb"), key=lambda p: (len(p.parts), p)):  # flat layout first
+
+    def student_of(folder: str) -> str:
+        return folder.removesuffix(MOODLE_SUFFIX) or folder
+
+    order = {2: 0, 3: 1, 1: 2}  # depth below root: student folder, nbgrader's layout, flat
+
+    def rank(p: Path) -> tuple:  # a file without a copy suffix before its copies
+        base = _COPY_SUFFIX.sub("", p.stem)
+        return order.get(len(p.relative_to(root).parts), 3), p.parent, base, base != p.stem, p.name
+
+    for path in sorted(root.rglob("*.ipynb"), key=rank):
         rel = path.relative_to(root)
-        if any(part.startswith(".") or part == "__MACOSX" for part in rel.parts):
+        if any(part.startswith(".") or part in SKIPPED_FOLDERS for part in rel.parts):
             continue
         if len(rel.parts) == 2 and path.stem in known or len(rel.parts) == 3 and path.stem in known and rel.parts[1] == path.stem:
-            student, chapter = rel.parts[0], path.stem
+            student, chapter = student_of(rel.parts[0]), path.stem
+        elif len(rel.parts) == 1 and _flat_name(path.stem, chapters) is not None:
+            student, chapter = _flat_name(path.stem, chapters)
         else:
             ignored.append(path)
             continue
         mine = found.setdefault(student, {})
-        if chapter in mine:  # both layouts: keep the flat one, report the other
+        if chapter in mine:
             ignored.append(path)
             continue
         mine[chapter] = path
     for entry in sorted(root.iterdir()):
-        if entry.is_dir() and not entry.name.startswith(".") and entry.name != "__MACOSX":
-            found.setdefault(entry.name, {})
-    return dict(sorted(found.items())), ignored
+        if entry.is_dir() and not entry.name.startswith(".") and entry.name not in SKIPPED_FOLDERS:
+            found.setdefault(student_of(entry.name), {})
+    return dict(sorted(found.items())), sorted(ignored)
+
+
+def load_extra_tests(folder: str | Path, sources: Sequence[str | Path]) -> dict[str, str]:
+    """The instructor's extra hidden tests: exercise name -> Python source.
+
+    ``folder`` holds one file per exercise, ``<exercise>.py`` (e.g. ``ch02-ex1.py``;
+    ``ch02-ex1-tests.py`` works too). Each is run by the grader right after the book's
+    tests of that exercise, in the same namespace (the student's functions, and what
+    the book's tests imported and defined), as if it stood between the hidden-tests
+    markers of the tests cell: it is never part of a student version, and a failure
+    costs the exercise its points like any hidden test. Other files are ignored.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``folder`` is not a folder.
+    ValueError
+        If a file names no exercise of ``sources``, or is not valid Python.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"extra_tests must be a folder of <exercise>.py files; got {str(root)!r}")
+    names = {ex.name for path in sources for ex in exercises(path)}
+    extra: dict[str, str] = {}
+    for path in sorted(root.glob("*.py")):
+        name = path.stem.removesuffix("-tests")
+        if name not in names:
+            raise ValueError(f"extra tests {path.name}: the file must be named <exercise>.py with <exercise> "
+                             f"one of {sorted(names)}; got {path.stem!r}")
+        code = path.read_text(encoding="utf-8")
+        try:
+            compile(code, str(path), "exec")
+        except SyntaxError as exc:
+            raise ValueError(f"extra tests {path.name} are not valid Python: {exc}") from None
+        extra[name] = code
+    return extra
+
+
+def with_extra_tests(nb: nbformat.NotebookNode, found: Sequence[Exercise],
+                     extra: Mapping[str, str]) -> nbformat.NotebookNode:
+    """A copy of the book's notebook whose tests cells end with the extra hidden tests."""
+    mine = {ex.name: ex for ex in found if ex.name in extra}
+    if not mine:
+        return nb
+    nb = copy.deepcopy(nb)
+    for name, ex in mine.items():
+        cell = nb.cells[ex.tests_cell]
+        cell.source = f"{cell.source.rstrip()}\n{BEGIN_HIDDEN}\n{extra[name].rstrip()}\n{END_HIDDEN}\n"
+    return nb
+
+
+def summary_rows(rows: Sequence[Mapping], chapters: Sequence[str]) -> list[dict]:
+    """One row per student: ``student``, the points of each chapter, ``total``, ``max_points``."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        mine = out.setdefault(row["student"], {"student": row["student"], **{c: 0.0 for c in chapters},
+                                               "total": 0.0, "max_points": 0.0})
+        mine[row["chapter"]] += row["points"]
+        mine["total"] += row["points"]
+        mine["max_points"] += row["max_points"]
+    return list(out.values())
+
+
+def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping]) -> None:
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: f"{v:g}" if isinstance(v, float) else v for k, v in row.items()})
+
+
+def feedback_text(student: str, graded: Sequence[tuple[str, Sequence[Score]]]) -> str:
+    """A student's feedback in Markdown: per chapter and exercise, the points and why
+    points were lost. It quotes the first line of what failed (the check's own
+    message), never a test's source, and says whether the check was a visible one or
+    a hidden test."""
+    total = sum(s.points for _, scores in graded for s in scores)
+    most = sum(s.max_points for _, scores in graded for s in scores)
+    lines = [f"# Feedback for {student}", "", f"**{total:g} of {most:g} points.**", ""]
+    for chapter, scores in graded:
+        got, of = sum(s.points for s in scores), sum(s.max_points for s in scores)
+        lines += [f"## {chapter}: {got:g} of {of:g} points", "",
+                  "| exercise | points | result |", "|---|---|---|"]
+        for s in scores:
+            lines.append(f"| {s.exercise.removesuffix('-tests')} | {s.points:g} of {s.max_points:g} | "
+                         f"{_why(s).replace('|', '/')} |")
+        lines.append("")
+    lines += ["A *visible check* is one of the asserts of the exercise's tests cell in your notebook; run",
+              "that cell to see it fail. A *hidden test* is a check the grader adds: its message says what",
+              "it looked at. Every exercise is all or nothing.", ""]
+    return "\n".join(lines)
+
+
+def _why(score: Score) -> str:
+    if score.status == "passed":
+        return "passed"
+    if score.status == "missing":
+        return f"missing: {score.message}"
+    message = score.message
+    if score.check == "hidden" and message.endswith("of the cell)"):  # an assert without a message
+        message = message.split(" (line ")[0] + " (the hidden test gives no message)"
+    where = {"visible": "a visible check failed", "hidden": "a hidden test failed"}.get(
+        score.check, "failed" if score.status == "failed" else "error")
+    return f"{where}: {message}" if message else where
+
+
+def write_feedback(folder: Path, results: Mapping[str, Sequence[tuple[str, Sequence[Score]]]]) -> list[Path]:
+    """``folder/<student>.md`` for each student (:func:`feedback_text`); the paths written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for student, graded in results.items():
+        path = folder / f"{student}.md"
+        path.write_text(feedback_text(student, graded), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def outputs_of(out_csv: str | Path) -> tuple[Path, Path]:
+    """Where :func:`grade` writes, beside ``out_csv``: the summary CSV and the feedback folder
+    (``grades.csv`` -> ``grades_summary.csv``, ``grades_feedback/``)."""
+    out_csv = Path(out_csv)
+    return out_csv.with_name(f"{out_csv.stem}_summary.csv"), out_csv.with_name(f"{out_csv.stem}_feedback")
 
 
 def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[str | Path] | None = None,
@@ -287,18 +479,23 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
           notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT_S, jobs: int | None = None,
           triton_interpret: bool = True, executed_dir: str | Path | None = None,
           unsafe_no_sandbox: bool = False, progress: Callable[[int, int], None] | None = None,
-          students: Sequence[str] | None = None) -> list[dict]:
-    """Grade a folder of submissions into a CSV of scores per student and exercise.
+          students: Sequence[str] | None = None, extra_tests: str | Path | None = None,
+          feedback: bool = True) -> list[dict]:
+    """Grade a folder of submissions into a CSV of scores per student and exercise, a
+    summary CSV per student, and a feedback file per student.
 
     Parameters
     ----------
     submissions : str or Path
         One folder per student (named by the student's id) holding
-        ``<chapter>.ipynb`` or nbgrader's ``<chapter>/<chapter>.ipynb``; see
-        :func:`find_submissions`.
+        ``<chapter>.ipynb`` or nbgrader's ``<chapter>/<chapter>.ipynb``, or flat LMS
+        downloads ``<name>_<id>_<chapter>.ipynb``; see :func:`find_submissions`.
     out_csv : str or Path
-        The CSV written, columns :data:`GRADE_COLUMNS`; its folder is created. It is
-        written by this process after every sandbox has stopped.
+        The CSV written, columns :data:`GRADE_COLUMNS`; its folder is created. Beside it
+        (:func:`outputs_of`): ``<stem>_summary.csv``, one row per student (``student``,
+        one column of points per graded chapter, ``total``, ``max_points``), and
+        ``<stem>_feedback/<student>.md``. All are written by this process after every
+        sandbox has stopped.
     notebooks : sequence of paths, optional
         The book's notebooks (solutions and hidden tests); default ``notebooks/*.ipynb``.
     chapters : sequence of str, optional
@@ -319,6 +516,11 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
     students : sequence of str, optional
         Grade only these students (folder names), e.g. to regrade one; the CSV then
         holds their rows only.
+    extra_tests : str or Path, optional
+        A folder of the instructor's extra hidden tests, ``<exercise>.py`` each
+        (:func:`load_extra_tests`).
+    feedback : bool
+        Write the feedback files (default True).
 
     Returns
     -------
@@ -330,7 +532,6 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
     SandboxUnavailable
         Before anything runs, if bubblewrap cannot run and ``unsafe_no_sandbox`` is false.
     """
-    import csv
     import threading
     import warnings
     from concurrent.futures import ThreadPoolExecutor
@@ -342,15 +543,18 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
         unknown = sorted(set(chapters) - set(sources))
         if unknown:
             raise ValueError(f"chapters must name notebooks with exercises ({sorted(sources)}); got {unknown}")
+    extra = {} if extra_tests is None else load_extra_tests(extra_tests, list(sources.values()))
     found, ignored = find_submissions(submissions, list(sources))
     if students is not None:
         unknown = sorted(set(students) - set(found))
         if unknown:
-            raise ValueError(f"students must name folders of {str(submissions)!r}; got {unknown}")
+            raise ValueError(f"students must name students of {str(submissions)!r} ({sorted(found)}); "
+                             f"got {unknown}")
         found = {name: found[name] for name in found if name in set(students)}
     for path in ignored:
-        warnings.warn(f"ignored {path}: expected <student>/<chapter>.ipynb or <student>/<chapter>/<chapter>.ipynb "
-                      f"with <chapter> one of {sorted(sources)}", stacklevel=2)
+        warnings.warn(f"ignored {path}: expected <student>/<chapter>.ipynb, <student>/<chapter>/<chapter>.ipynb "
+                      f"or <student>_<chapter>.ipynb with <chapter> one of {sorted(sources)}, once per student "
+                      "and chapter", stacklevel=2)
     graded = list(chapters) if chapters is not None else sorted({c for mine in found.values() for c in mine})
     graded = [c for c in sources if c in graded]  # file-name order
     keys = [(student, chapter) for student in found for chapter in graded]
@@ -366,7 +570,7 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
                 executed = None if executed_dir is None else Path(executed_dir) / student / f"{chapter}.ipynb"
                 scores = grade_notebook(path, sources[chapter], timeout=timeout, notebook_timeout=notebook_timeout,
                                         triton_interpret=triton_interpret, executed_path=executed,
-                                        unsafe_no_sandbox=unsafe_no_sandbox, site=site)
+                                        unsafe_no_sandbox=unsafe_no_sandbox, site=site, extra_tests=extra)
             with lock:
                 done[0] += 1
                 if progress is not None:
@@ -380,13 +584,14 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
         {"student": student, "chapter": chapter, **{k: getattr(s, k) for k in GRADE_COLUMNS[2:]}}
         for (student, chapter), scores in zip(keys, results) for s in scores
     ]
-    out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    with out_csv.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=GRADE_COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "points": f"{row['points']:g}", "max_points": f"{row['max_points']:g}"})
+    summary_csv, feedback_dir = outputs_of(out_csv)
+    _write_csv(Path(out_csv), GRADE_COLUMNS, rows)
+    _write_csv(summary_csv, ["student", *graded, "total", "max_points"], summary_rows(rows, graded))
+    if feedback:
+        by_student: dict[str, list[tuple[str, Sequence[Score]]]] = {}
+        for (student, chapter), scores in zip(keys, results):
+            by_student.setdefault(student, []).append((chapter, scores))
+        write_feedback(feedback_dir, by_student)
     return rows
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from . import codec, sandbox
+from .notebook import BEGIN_HIDDEN, END_HIDDEN
 
 REPLY_MIME = "application/x-flashlab-reply"
 #: Text kept of one cell's output (stdout, stderr, results); the rest is dropped.
@@ -85,11 +86,16 @@ class RemoteError(RuntimeError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What running one cell did: ``ok`` or the exception's name and first line."""
+    """What running one cell did: ``ok`` or the exception's name and first line.
+
+    ``check`` says, for a tests cell that raised, where: ``"visible"`` (a check the
+    student sees), ``"hidden"`` (between the hidden-tests markers) or ``""`` (unknown).
+    """
 
     ok: bool
     ename: str = ""
     evalue: str = ""
+    check: str = ""
 
     @property
     def line(self) -> str:
@@ -470,6 +476,19 @@ def defined_names(source: str) -> list[str]:
     return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
 
 
+def hidden_lines(source: str) -> set[int]:
+    """Line numbers (from 1) of a tests cell that lie between the hidden-tests markers."""
+    found, inside = set(), False
+    for number, line in enumerate(source.splitlines(), start=1):
+        if BEGIN_HIDDEN in line:
+            inside = True
+        elif END_HIDDEN in line:
+            inside = False
+        elif inside:
+            found.add(number)
+    return found
+
+
 class Checker:
     """The tests cells of one notebook, run in the grader's process against :class:`RemoteFunction` s."""
 
@@ -513,10 +532,11 @@ class Checker:
             if isinstance(exc, KernelDied):
                 ename = "DeadKernelError"
             evalue = str(exc)
+            lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
             if not evalue.strip():
-                lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
                 evalue = f"(line {lines[-1]} of the cell)" if lines else ""
-            outcome = Outcome(False, ename, evalue)
+            check = "" if not lines else "hidden" if lines[-1] in hidden_lines(source) else "visible"
+            outcome = Outcome(False, ename, evalue, check)
         finally:
             self.namespace.pop("print", None)
         outputs = []
