@@ -135,3 +135,31 @@ def test_zigzag_balances_the_causal_triangle():
 def test_bad_arguments_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ------------------------------------------------------------------ the model of one ring step
+def test_step_bytes_and_flops_follow_the_formulas():
+    from flashlab.parallel.model import ring_step_bytes, ring_step_flops
+
+    n, d, H = 4096, 128, 16
+    assert ring_step_bytes(n, d, H) == 2 * n * d * H * 2  # K and V in bf16: 32 MiB
+    assert ring_step_bytes(n, d, H, backward=True) == 2 * n * d * H * (2 + 4)  # + dK, dV in fp32
+    assert ring_step_bytes(n, d, 4, batch=2) == 2 * n * d * 4 * 2 * 2  # GQA: only the K/V heads travel
+    assert ring_step_flops(n, d, H) == 4 * n * n * d * H
+    assert ring_step_flops(n, d, H, causal=True, backward=True) == 4 * n * n * d * H * 0.5 * 2.5
+
+
+def test_hiding_length_is_where_compute_meets_transfer():
+    from flashlab.parallel.model import NVLINK_H200_ONE_WAY, hiding_length, ring_step_time
+
+    assert NVLINK_H200_ONE_WAY == 450e9
+    assert hiding_length(450.0) == pytest.approx(1000.0)  # n* = b R / (2 W): 2 * 450e12 / 9e11
+    assert hiding_length(450.0, causal=True) == pytest.approx(2000.0)  # half the FLOPs per byte
+    assert hiding_length(450.0, group=4) == pytest.approx(250.0)  # GQA sends a quarter of the bytes
+    for causal in (False, True):
+        for backward in (False, True):
+            n_star = hiding_length(500.0, causal=causal, backward=backward)
+            below, above = (ring_step_time(int(n), 64, 8, 500.0, causal=causal, backward=backward)
+                            for n in (0.9 * n_star, 1.1 * n_star))
+            assert below["compute"] < below["transfer"] and above["compute"] > above["transfer"]
+            assert above["step"] == above["compute"]

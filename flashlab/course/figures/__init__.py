@@ -46,6 +46,7 @@ FIGURES: dict[str, str] = {
     "bottleneck_migration": "epilogue:bottleneck_migration",
     "beyond_block_masks": "beyond:block_masks",
     "beyond_features_h200": "beyond:features_h200",
+    "ring_overlap_h200": "ring:ring_overlap_h200",
 }
 
 
