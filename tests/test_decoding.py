@@ -260,3 +260,26 @@ def test_gpu_realistic_size(n_q, page_size):
         err = (o[b : b + 1].double() - ref).abs().max().item()
         bound = 2 * (base.double() - ref).abs().max().item() + 1e-5
         assert err <= bound, f"sequence {b} (seqlen {n}): max error {err:.2e} > {bound:.2e}"
+
+
+@runs_somewhere
+def test_package_flash_decode_is_the_kernel_eagerly_and_the_operator_when_compiled():
+    """flashlab.kernels.flash_decode takes decoding.flash_decode's arguments; called eagerly it is
+    that function (no operator dispatch in a decoding step), and the custom operator that
+    torch.compile records (flashlab::decode) gives the same bits."""
+    import inspect
+
+    from flashlab import kernels
+
+    assert inspect.signature(kernels.flash_decode) == inspect.signature(flash_decode)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, k_pool, v_pool, block_table = make_inputs(2, 4, 2, 1, 16, [70, 33], 16, g)  # short caches: fast
+    seqlens = torch.tensor([70, 33], dtype=torch.int32, device=DEVICE)
+    args = [t.to(DEVICE) for t in (q, k_pool, v_pool)] + [seqlens]
+    kw = dict(num_splits=3, block_table=block_table.to(DEVICE), page_size=16)
+    o, lse = flash_decode(*args, **kw, return_lse=True)
+    o_pkg, lse_pkg = kernels.flash_decode(*args, **kw, return_lse=True)
+    o_op, lse_op = torch.ops.flashlab.decode(*args, 3, None, kw["block_table"], 16, True, True)
+    assert torch.equal(o_pkg, o) and torch.equal(lse_pkg, lse)
+    assert torch.equal(o_op, o) and torch.equal(lse_op, lse)
+    assert kernels.flash_decode(*args, **kw).shape == o.shape  # return_lse=False: o alone

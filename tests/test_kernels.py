@@ -47,7 +47,7 @@ def outputs_and_grads(fn, q, k, v, do):
     return [o.detach(), q.grad, k.grad, v.grad]
 
 
-def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, scale=None, layout=None):
+def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, scale=None, layout=None, impl="triton"):
     g = torch.Generator(device="cpu").manual_seed(N_Q * 1000 + N_K + D)
     make = lambda *shape: torch.randn(*shape, generator=g).to(DEVICE)  # noqa: E731
     q, k, v = make(B, H, N_Q, D), make(B, H_KV, N_K, D), make(B, H_KV, N_K, D)
@@ -57,7 +57,7 @@ def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, scale=None, layout=None):
         assert not q.is_contiguous()
     ref = outputs_and_grads(lambda *a: torch_attention(*a, causal, scale), q.double(), k.double(), v.double(), do.double())
     low = [q.to(dtype), k.to(dtype), v.to(dtype)]
-    got = outputs_and_grads(lambda *a: flash_attention(*a, causal=causal, scale=scale), *low, do.to(dtype))
+    got = outputs_and_grads(lambda *a: flash_attention(*a, causal=causal, scale=scale, impl=impl), *low, do.to(dtype))
     if dtype == torch.float32:
         bounds = [1e-5 * max(1.0, r.abs().max().item()) for r in ref]
     else:
@@ -66,7 +66,7 @@ def check(B, H, H_KV, N_Q, N_K, D, causal, dtype, scale=None, layout=None):
     for name, x, r, bound in zip(["o", "dq", "dk", "dv"], got, ref, bounds):
         assert x.dtype == dtype and x.shape == r.shape
         err = (x.double() - r).abs().max().item()
-        assert err <= bound, f"{name}: max error {err:.2e} > bound {bound:.2e} ({B=}, {H=}, {H_KV=}, {N_Q=}, {N_K=}, {D=}, {causal=}, {dtype})"
+        assert err <= bound, f"{name}: max error {err:.2e} > bound {bound:.2e} ({B=}, {H=}, {H_KV=}, {N_Q=}, {N_K=}, {D=}, {causal=}, {dtype}, {impl=})"
 
 
 # --------------------------------------------------------------- interpreter-sized (run everywhere)
@@ -139,6 +139,101 @@ def test_cpu_without_interpreter_is_refused():
         flash_attention(*(torch.zeros(1, 1, 4, 8),) * 3)
 
 
+# --------------------------------------------------------------- impl: which forward kernel
+def test_unknown_impl_is_refused():
+    with pytest.raises(ValueError, match=r"impl must be one of \('triton', 'gluon', 'auto'\); got 'cuda'"):
+        flash_attention(*(torch.zeros(1, 1, 4, 8),) * 3, impl="cuda")
+
+
+@pytest.mark.skipif(GPU, reason="a CPU-only check")
+def test_gluon_on_a_cpu_is_refused():
+    """Before any kernel (and before the interpreter check): the Gluon forward needs a GPU."""
+    with pytest.raises(ValueError) as info:
+        flash_attention(*(torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16),) * 3, impl="gluon")
+    for word in ["impl='gluon'", "needs a CUDA GPU", "got tensors on cpu", "impl='triton' or 'auto'"]:
+        assert word in str(info.value), f"{word!r} not in {info.value}"
+
+
+@runs_somewhere
+@pytest.mark.skipif(GPU, reason="a CPU-only check")
+def test_auto_falls_back_to_triton_on_a_cpu():
+    q, k, v, do = (torch.randn(1, 2, 21, 16, generator=torch.Generator().manual_seed(s)) for s in range(4))
+    auto = outputs_and_grads(lambda *a: flash_attention(*a, causal=True, impl="auto"), q, k, v, do)
+    triton_ = outputs_and_grads(lambda *a: flash_attention(*a, causal=True, impl="triton"), q, k, v, do)
+    assert all(torch.equal(a, b) for a, b in zip(auto, triton_))
+
+
+# --------------------------------------------------------------- conventions (see flash_attention's docstring)
+def sdpa(q, k, v, **kw):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+
+@runs_somewhere
+@pytest.mark.parametrize("n_q, n_k", [(20, 45), (45, 20)])
+def test_causal_is_bottom_right_unlike_sdpa_is_causal(n_q, n_k):
+    """With N_q != N_k, flashlab's causal is SDPA with a bottom-right mask (its causal_lower_right),
+    not SDPA's is_causal (top-left). fp32, IEEE dots: 1e-5; rows that see no key (N_q > N_k)
+    compared as 0."""
+    g = torch.Generator().manual_seed(n_q)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g).to(DEVICE) for n in (n_q * SIZE, n_k * SIZE, n_k * SIZE))
+    o = flash_attention(q, k, v, causal=True)
+    bottom_right = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=DEVICE).tril(k.shape[2] - q.shape[2])
+    torch.testing.assert_close(o, sdpa(q, k, v, attn_mask=bottom_right).nan_to_num(0.0), rtol=0, atol=1e-5)
+    top_left = sdpa(q, k, v, is_causal=True).nan_to_num(0.0)
+    assert (o - top_left).abs().max() > 0.1, "flashlab's causal should differ from SDPA's is_causal when N_q != N_k"
+
+
+@runs_somewhere
+def test_a_row_that_sees_no_key_gives_zero_and_minus_infinite_lse():
+    """Causal with N_q = 30 > N_k = 10: the first 20 rows see no key. o = 0, lse = -inf (the log
+    of an empty sum; flash_attn_func gives +inf), their dq = 0, every gradient finite."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g).to(DEVICE).requires_grad_() for n in (30, 10, 10))
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    assert (o[:, :, :20] == 0).all() and (lse[:, :, :20] == float("-inf")).all()
+    assert torch.isfinite(lse[:, :, 20:]).all()
+    assert not lse.requires_grad, "lse is returned without a gradient"
+    o.backward(torch.randn_like(o))
+    assert (q.grad[:, :, :20] == 0).all()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@runs_somewhere
+def test_deterministic_is_the_default():
+    """flash_attn_func defaults to deterministic=False; flashlab to True: the default call gives the
+    separate dQ kernel's bits (the atomic path sums in another order: its last bits differ, even
+    under the interpreter)."""
+    import inspect
+
+    from flashlab.kernels import flash_attention_varlen
+
+    for fn in (flash_attention, flash_attention_varlen):
+        assert inspect.signature(fn).parameters["deterministic"].default is True, fn.__name__
+    from flashlab.kernels.backward import backward
+    from flashlab.kernels.forward import forward
+
+    q, k, v, do = (torch.randn(1, 2, 40 * SIZE, 32, generator=torch.Generator().manual_seed(s)).to(DEVICE) for s in range(4))
+    o, lse2 = forward(q, k, v, True, 32**-0.5)
+    dq = {det: backward(do, q, k, v, o, lse2, True, 32**-0.5, deterministic=det)[0] for det in (True, False)}
+    assert not torch.equal(dq[True], dq[False]), "the two dQ paths should differ in their last bits"
+    default = outputs_and_grads(lambda *a: flash_attention(*a, causal=True), q, k, v, do)[1]
+    assert torch.equal(default, dq[True])
+
+
+@pytest.mark.parametrize("q, k, flashlab_error", [
+    (torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8, dtype=torch.float16), TypeError),  # dtypes differ
+    (torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 4), ValueError),  # head dimensions differ
+])
+def test_exception_types_differ_from_sdpa(q, k, flashlab_error):
+    """flashlab raises TypeError for a wrong type and ValueError for a wrong shape or value, before
+    any kernel; SDPA (like flash_attn_func) raises RuntimeError from its C++ checks."""
+    with pytest.raises(flashlab_error) as info:
+        flash_attention(q, k, k)
+    assert not isinstance(info.value, RuntimeError)
+    with pytest.raises(RuntimeError):
+        sdpa(q, k, k)
+
+
 # --------------------------------------------------------------- full size, real GPU only
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -152,6 +247,49 @@ def test_gpu_full_size(dtype, causal, D):
 @pytest.mark.parametrize("D, n_q, n_k, h_kv", [(256, 1000, 1000, 8), (96, 777, 1531, 2), (128, 1531, 777, 1)])
 def test_gpu_odd_shapes(D, n_q, n_k, h_kv):
     check(1, 8, h_kv, n_q, n_k, D, True, torch.bfloat16)
+
+
+def _hopper() -> bool:
+    return GPU and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_90: H100, H200)")
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("B, H, N_Q, N_K, D, causal, dtype", [
+    (2, 4, 1000, 1000, 128, False, torch.bfloat16), (2, 4, 1000, 1000, 128, True, torch.float16),
+    (1, 2, 777, 1531, 64, True, torch.bfloat16), (1, 2, 1531, 777, 128, True, torch.float16),
+    (1, 3, 2048, 2048, 64, False, torch.float16)])
+def test_gpu_gluon_forward_with_triton_backward(B, H, N_Q, N_K, D, causal, dtype):
+    """impl="gluon": the FA3 forward, then the Triton backward on its lse, against float64 under
+    the flash-attn rule (output and each gradient)."""
+    check(B, H, H, N_Q, N_K, D, causal, dtype, impl="gluon")
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype, d, h_kv, window, words", [
+    (torch.float32, 64, 2, None, ["bfloat16 or float16", "torch.float32"]),
+    (torch.bfloat16, 96, 2, None, ["(64, 128)", "d = 96"]),
+    (torch.bfloat16, 64, 2, (16, 0), ["no sliding window", "(16, 0)"]),
+    (torch.bfloat16, 64, 1, None, ["no GQA/MQA", "2 query heads and 1 K/V heads"])])
+def test_gpu_gluon_refuses_what_it_cannot_run_and_auto_falls_back(dtype, d, h_kv, window, words):
+    q = torch.randn(1, 2, 300, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(1, h_kv, 300, d, device="cuda", dtype=dtype) for _ in range(2))
+    with pytest.raises(ValueError) as info:
+        flash_attention(q, k, v, window=window, impl="gluon")
+    for word in ["impl='gluon'", *words]:
+        assert word in str(info.value), f"{word!r} not in {info.value}"
+    assert torch.equal(flash_attention(q, k, v, window=window, impl="auto"), flash_attention(q, k, v, window=window))
+
+
+@needs_gpu
+@needs_hopper
+def test_gpu_auto_takes_gluon_where_it_runs():
+    q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    assert torch.equal(flash_attention(q, k, v, causal=True, impl="auto"), flash_attention(q, k, v, causal=True, impl="gluon"))
 
 
 def _extra_memory(N: int, D: int = 128) -> int:

@@ -123,8 +123,8 @@ def flash_attention(
     """
     scale = _check(q, k, v, scale)
     window = check_window(window)
-    check_runnable(q.device)  # every argument is checked wherever the tensors live
     chosen = ops.resolve_impl(impl, q, k, window)
+    check_runnable(q.device)  # last: every argument is checked wherever the tensors live
     if chosen == "gluon":  # fa3 reads (B * H * N, d) views through TMA
         q, k, v = (t.contiguous() for t in (q, k, v))
     else:

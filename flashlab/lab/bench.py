@@ -207,16 +207,20 @@ def naive_step_costs(
 
 
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
-OPTIONAL_IMPLS = ("flashlab_fp8",)  # asked for by name (--impls): FP8 forward, inputs quantised before timing
+# Asked for by name (--impls): flashlab_gluon, flash_attention(impl="gluon"): the Gluon FA3 forward
+# (sm_90) with the Triton backward; flashlab_fp8, the FP8 forward, inputs quantised before timing.
+OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fp8")
+FORWARD_ONLY_IMPLS = ("flashlab_fp8",)
 FP8_BLOCK = 128  # rows per descale of flashlab_fp8's Q and K
 FP8_V_BLOCK = None  # ... and of its V: one descale per (batch, head), as FlashAttention-3 scales V (chapter 6)
 
 
 def _impl(name: str, causal: bool) -> Callable:
-    if name == "flashlab":
+    if name in ("flashlab", "flashlab_gluon"):
         from flashlab.kernels import flash_attention
 
-        return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+        impl = "gluon" if name == "flashlab_gluon" else "triton"
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal, impl=impl)
     if name == "naive":
         return lambda q, k, v: naive_attention_torch(q, k, v, causal)
     if name.startswith("sdpa_"):
@@ -305,7 +309,7 @@ def _run_jobs(jobs, rows, device, dtype, tokens, passes, progress) -> None:
         B, H = paper_shape(n, d, tokens)
         fwd_flops = attention_flops(n, n, d, causal=causal, batch=B * H)
         for pass_name in passes:
-            if impl in OPTIONAL_IMPLS and pass_name != "fwd":
+            if impl in FORWARD_ONLY_IMPLS and pass_name != "fwd":
                 continue  # the FP8 kernel is forward-only
             try:
                 q, k, v = _qkv(B, H, n, d, dtype, device, grad=(pass_name == "fwdbwd"))
@@ -366,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="passes of the kernel suite")
     parser.add_argument("--impls", nargs="+", choices=[*KERNEL_IMPLS, *OPTIONAL_IMPLS],
                         help=f"implementations of the kernel suite (default {' '.join(KERNEL_IMPLS)}; "
+                             "flashlab_gluon: the Gluon FA3 forward with the Triton backward, on sm_90; "
                              "flashlab_fp8: the FP8 forward, on a GPU with FP8 tensor cores)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
@@ -387,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     written: list[Path] = []
     if args.suite in ("all", "kernels"):
         impls = tuple(args.impls) if args.impls else KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
-        if device == "cuda" and "flashlab" in impls:
+        if device == "cuda" and ("flashlab" in impls or "flashlab_gluon" in impls):  # the latter's backward
             precompile_kernels(tuple(args.ds), passes=tuple(args.passes))
         rows = kernel_suite(ns, tuple(args.ds), impls=impls, device=device, dtype=dtype, tokens=tokens,
                             passes=tuple(args.passes))
