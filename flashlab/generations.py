@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from .hardware import GPU, GPUS
 
-__all__ = ["Generation", "GENERATIONS", "get", "speed", "table_rows", "table", "sources",
+__all__ = ["Generation", "GENERATIONS", "get", "speed", "table_rows", "table", "render_table", "sources",
            "PaperMeasurement", "FA1_GPT2", "FA1_GPT2_SHAPE", "FA1_GPT2_SOURCE"]
 
 
@@ -223,14 +223,15 @@ def table_rows(with_hardware: bool = True) -> list[list[str]]:
     return rows
 
 
-def table(with_hardware: bool = True, fmt: str = "markdown") -> str:
-    """The four-generation table of the epilogue as one string, ready for
-    ``IPython.display.Markdown`` (``fmt="markdown"``) or ``IPython.display.HTML``
-    (``fmt="html"``). The cells are :func:`table_rows`; :func:`sources` says where each
-    quoted result comes from."""
+def render_table(rows: list[list[str]], fmt: str = "html") -> str:
+    """A table as one string: ``rows[0]`` is the header, each later row one line of cells.
+
+    ``fmt="html"`` gives a ``<table>`` for ``IPython.display.HTML`` (the site shows it as a
+    table whatever its Markdown settings); ``fmt="markdown"`` gives pipe-table Markdown for
+    ``IPython.display.Markdown``. Cells are escaped for the format."""
     if fmt not in ("markdown", "html"):
         raise ValueError(f"fmt must be 'markdown' or 'html'; got {fmt!r}")
-    header, *body = table_rows(with_hardware)
+    header, *body = rows
     if fmt == "html":
         def html_row(row: list[str], tag: str) -> str:
             return "<tr>" + "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in row) + "</tr>"
@@ -241,6 +242,14 @@ def table(with_hardware: bool = True, fmt: str = "markdown") -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
 
     return "\n".join([markdown_row(header), "|" + "---|" * len(header)] + [markdown_row(row) for row in body])
+
+
+def table(with_hardware: bool = True, fmt: str = "markdown") -> str:
+    """The four-generation table of the epilogue as one string, ready for
+    ``IPython.display.Markdown`` (``fmt="markdown"``) or ``IPython.display.HTML``
+    (``fmt="html"``). The cells are :func:`table_rows`, rendered by :func:`render_table`;
+    :func:`sources` says where each quoted result comes from."""
+    return render_table(table_rows(with_hardware), fmt)
 
 
 def sources(width: int = 110) -> str:
