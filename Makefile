@@ -1,5 +1,6 @@
 # flashlab — the doors a reader walks through.
-#   make book         create .venv, install, render the site, print where to open it
+#   make book         create .venv, install, render the site (the student's book), print where to open it
+#   make book-instructor  the same site with every exercise's solution and hidden tests, in build/site-instructor
 #   make test         import contract, unit, property, kernel, notebook (nbval), site and assignment tests
 #   make lab          JupyterLab on notebooks/
 #   make figures      regenerate figures/ from flashlab.course.figures
@@ -21,11 +22,11 @@ SUBMISSIONS ?=
 GRADES      ?= build/grades.csv
 GRADE_FLAGS ?=
 
-.PHONY: book test lab figures assignments grade grade-needs-submissions bench notebooks install chromium bubblewrap clean help
+.PHONY: book book-instructor test lab figures assignments grade grade-needs-submissions bench notebooks install chromium bubblewrap clean help
 .DEFAULT_GOAL := help
 
 help:
-	@sed -n '2,10p' Makefile | sed 's/^#//'
+	@sed -n '2,11p' Makefile | sed 's/^#//'
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +52,13 @@ bubblewrap:
 	  echo "installing Debian's bubblewrap for the grader's sandbox"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
 
+# The public site: exercises as the student gets them (no solutions, no hidden tests), in build/site.
 book: $(STAMP)
 	$(PY) -m flashlab.course.site build
+
+# For instructors only: the notebooks as committed, solutions and hidden tests shown.
+book-instructor: $(STAMP)
+	$(PY) -m flashlab.course.site build --instructor
 
 test: $(STAMP) chromium bubblewrap
 	$(VENV)/bin/lint-imports
