@@ -6,7 +6,7 @@ causal, aligned bottom-right (token i sees key j iff j <= seqlen - n_q + i).
 Cache positions beyond seqlen, and pool pages no sequence owns, are filled with NaN: one
 stray read would poison the output.
 
-Tolerance (DESIGN.md): fp32 (IEEE dots) 1e-5 · max(1, |o|); fp16/bf16 the flash-attn rule —
+Tolerance: fp32 (IEEE dots) 1e-5 · max(1, |o|); fp16/bf16 the flash-attn rule —
 max error at most 2x that of plain PyTorch attention in the same dtype, plus 1e-5.
 Under the interpreter (CPU) the kernels take BLOCK_N = 16, so caches of <= 288 tokens
 already span up to 18 key blocks and several splits.

@@ -1,6 +1,6 @@
 """The Triton kernels against the float64 reference.
 
-Tolerance (DESIGN.md, the rule of the flash-attn test suite): for fp16/bf16 the
+Tolerance (the rule of the flash-attn test suite): for fp16/bf16 the
 kernel's max error against a float64 reference must be at most twice the error of
 plain PyTorch attention computed in the same low precision, plus 1e-5 — for the
 output and for each gradient. For fp32 (IEEE dot products) the bound is 1e-5
