@@ -16,6 +16,7 @@ The exact NumPy version of the same schedule is :mod:`flashlab.reference.ring`.
 
 from .model import (
     NVLINK_H200_BYTES_PER_S,
+    NVLINK_H200_ONE_WAY,
     hiding_length,
     ring_step_bytes,
     ring_step_flops,
@@ -29,6 +30,7 @@ __all__ = [
     "unshard",
     "RingAttention",
     "NVLINK_H200_BYTES_PER_S",
+    "NVLINK_H200_ONE_WAY",
     "ring_step_bytes",
     "ring_step_flops",
     "ring_step_time",

@@ -190,16 +190,17 @@ def ring_attention(q, k, v, P: int, causal: bool = False, layout: str = "zigzag"
     n = qs[0].shape[-2]
     o = [np.zeros(q.shape[:-2] + (n, v.shape[-1])) for _ in range(P)]  # empty states: o = 0,
     lse = [np.full(q.shape[:-2] + (n,), -np.inf) for _ in range(P)]  # lse = -inf
-    held = list(zip(range(P), shard(k, P, layout), shard(v, P, layout)))  # (src, K, V) on each rank
+    held = list(zip(range(P), shard(k, P, layout), shard(v, P, layout)))  # (src, K, V) per rank
     for step in range(P):
         for r in range(P):  # the ranks work at the same time
             src, K, V = held[r]  # src = (r - step) mod P
             for pc in step_pieces(r, src, P, n, causal, layout):
-                Qp = qs[r][..., pc.q, :]
-                o_p, lse_p = flash2_forward(Qp, K[..., pc.k, :], V[..., pc.k, :], Qp.shape[-2], max(1, pc.k.stop - pc.k.start),
-                                            pc.causal, tau)  # partial (o_s, lse_s)
-                o[r][..., pc.q, :], lse[r][..., pc.q] = combine(np.stack([o[r][..., pc.q, :], o_p]),
-                                                                np.stack([lse[r][..., pc.q], lse_p]))  # (C)
+                Q_p, K_p, V_p = qs[r][..., pc.q, :], K[..., pc.k, :], V[..., pc.k, :]
+                o_s, lse_s = flash2_forward(Q_p, K_p, V_p, Q_p.shape[-2], K_p.shape[-2],
+                                            pc.causal, tau)  # the partial (o_s, lse_s)
+                o_r, lse_r = o[r][..., pc.q, :], lse[r][..., pc.q]  # the rows' running state
+                o[r][..., pc.q, :], lse[r][..., pc.q] = combine(
+                    np.stack([o_r, o_s]), np.stack([lse_r, lse_s]))  # (C)
         held = _pass_on(held)
     return unshard(o, layout), unshard([x[..., None] for x in lse], layout)[..., 0]
 
@@ -234,9 +235,9 @@ def ring_attention_backward(q, k, v, o, lse, do, P: int, causal: bool = False, l
         for r in range(P):
             src, K, V, dK, dV = held[r]
             for pc in step_pieces(r, src, P, n, causal, layout):
-                Qp, Kp, Vp = qs[r][..., pc.q, :], K[..., pc.k, :], V[..., pc.k, :]
-                dq_p, dk_p, dv_p = flash2_backward(Qp, Kp, Vp, os_[r][..., pc.q, :], lses[r][..., pc.q],
-                                                   dos[r][..., pc.q, :], Qp.shape[-2], max(1, Kp.shape[-2]),
+                Q_p, K_p, V_p = qs[r][..., pc.q, :], K[..., pc.k, :], V[..., pc.k, :]
+                O_p, lse_p, dO_p = os_[r][..., pc.q, :], lses[r][..., pc.q], dos[r][..., pc.q, :]
+                dq_p, dk_p, dv_p = flash2_backward(Q_p, K_p, V_p, O_p, lse_p, dO_p, Q_p.shape[-2], K_p.shape[-2],
                                                    pc.causal, tau)  # P = exp(S - lse) with the final lse
                 dq[r][..., pc.q, :] += dq_p  # dQ_r += dS K
                 dK[..., pc.k, :] += dk_p  # dK_src += dS^T Q_r, carried on
