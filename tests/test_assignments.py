@@ -10,8 +10,9 @@ Grading (`make grade`, flashlab.course.assignments.grade): fake classes of stude
 graded from student versions with answers filled in, including wrong, missing,
 unreadable and hanging ones; tests/test_mutations.py checks the bank of wrong answers.
 
-Exercise counts: every chapter 01+ has 2-4 exercises. 00_preface is not a
-chapter with content, so it may have none (or 2-4 if it ever gets some).
+Exercise counts: every chapter 01+ has 3-5 graded exercises, at least one of them a
+derivation or a design (book/instructor.md's table says which). 00_preface is not a
+chapter with content, so it may have none (or 3-5 if it ever gets some).
 """
 
 from __future__ import annotations
@@ -225,10 +226,10 @@ def test_grade_ids_are_unique_across_the_book() -> None:
 
 
 @pytest.mark.parametrize("path", BOOK, ids=_ids(BOOK))
-def test_chapter_has_two_to_four_exercises(path: Path) -> None:
+def test_chapter_has_three_to_five_exercises(path: Path) -> None:
     found = exercises(path)
     number = int(path.stem[:2])
-    allowed = ({0} if number == 0 else set()) | {2, 3, 4}
+    allowed = ({0} if number == 0 else set()) | {3, 4, 5}
     assert len(found) in allowed, f"{path.name}: {len(found)} exercises, expected {sorted(allowed)}"
     for k, ex in enumerate(found, start=1):
         assert ex.points > 0, f"{path.name} {ex.tests_id}: points must be > 0"
@@ -237,6 +238,18 @@ def test_chapter_has_two_to_four_exercises(path: Path) -> None:
             f"{path.name} exercise {k}: grade_ids {ex.solution_id!r}/{ex.tests_id!r}, "
             f"expected {expected}-solution/{expected}-tests"
         )
+
+
+def test_every_chapter_asks_for_a_derivation_or_a_design() -> None:
+    """The instructor's table gives each exercise a kind; every chapter has a derivation or a design."""
+    page = (NOTEBOOKS_DIR.parent / "book" / "instructor.md").read_text(encoding="utf-8")
+    kinds = dict(re.findall(r"^\|[^|]*\| (ch\d\d-ex\d) \| [^|]+ \| (\w+) \| \d+ \| \d+ min \|$", page, re.M))
+    book = {ex.name: path.stem for path in BOOK for ex in exercises(path)}
+    assert set(kinds) == set(book), f"the table's exercises differ from the book's: {sorted(set(kinds) ^ set(book))}"
+    assert set(kinds.values()) <= {"count", "algorithm", "derivation", "design"}, sorted(set(kinds.values()))
+    for chapter in sorted(set(book.values())):
+        mine = [kinds[name] for name, stem in book.items() if stem == chapter]
+        assert {"derivation", "design"} & set(mine), f"{chapter}: no derivation or design among {mine}"
 
 
 # ---------------------------------------------------------------- the build

@@ -43,7 +43,7 @@ from .notebook import (
     replace_solution_body,
     strip_hidden_tests,
 )
-from .session import Checker, KernelSession, Outcome, defined_names
+from .session import FORBIDDEN, Checker, KernelSession, Outcome, defined_names
 
 #: Columns of the grades CSV, in order.
 GRADE_COLUMNS = ("student", "chapter", "exercise", "points", "max_points", "status", "message")
@@ -137,6 +137,11 @@ def _score(ex: Exercise, solution: Outcome | None, tests: Outcome | None) -> Sco
     return Score(ex.tests_id, 0.0, ex.points, status, message[:500], check)
 
 
+def _forbidden(found: Sequence[Exercise]) -> dict[str, tuple[str, ...]]:
+    """The switched-off functions of these exercises only (so a kernel imports no other module)."""
+    return {ex.name: FORBIDDEN[ex.name] for ex in found if ex.name in FORBIDDEN}
+
+
 def _all(found: Sequence[Exercise], status: str, message: str) -> list[Score]:
     return [Score(ex.tests_id, 0.0, ex.points, status, message) for ex in found]
 
@@ -225,7 +230,7 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
             try:
                 with KernelSession(site=site_dir, notebook=shown, cell_timeout=timeout,
                                    notebook_timeout=notebook_timeout, triton_interpret=triton_interpret,
-                                   sandboxed=sandboxed, limits=limits) as kernel:
+                                   sandboxed=sandboxed, limits=limits, forbidden=_forbidden(found)) as kernel:
                     checker = Checker(kernel)
                     for index in range(last + 1):
                         cell = nb.cells[index]
@@ -656,7 +661,8 @@ def grade_variants(notebook: str | Path, variants: Mapping[str, tuple[str, str]]
     results: dict[str, VariantResult] = {}
     with package_site() as site, KernelSession(site=site, cell_timeout=timeout,
                                                notebook_timeout=max(DEFAULT_NOTEBOOK_TIMEOUT_S, 60 * timeout),
-                                               triton_interpret=triton_interpret, sandboxed=sandboxed) as kernel:
+                                               triton_interpret=triton_interpret, sandboxed=sandboxed,
+                                               forbidden=_forbidden(found)) as kernel:
         checker = Checker(kernel)
         for index, cell in enumerate(nb.cells[: max(at_tests) + 1]):
             if cell.cell_type != "code":

@@ -1,9 +1,10 @@
 """The authoring convention of the book's exercises, and the student versions built with nbgrader.
 
-Every chapter ends with 2-4 exercises. An exercise is three cells:
+Every chapter ends with 3-5 exercises. An exercise is three cells:
 
 1. a markdown cell stating the task (the *prompt*);
-2. a *solution* code cell whose function body sits between ``### BEGIN SOLUTION``
+2. a *solution* code cell whose function body (or, for a Triton kernel, the
+   top-level definitions) sits between ``### BEGIN SOLUTION``
    and ``### END SOLUTION``, with nbgrader metadata
    ``{"grade": false, "solution": true, "grade_id": "chNN-exK-solution", ...}``;
 3. a *tests* code cell with visible ``assert``s, then hidden ones between

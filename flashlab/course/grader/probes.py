@@ -7,15 +7,15 @@ When the grader checks a submission the tests run outside the student's kernel a
 :mod:`flashlab.course.grader.session`); the probe then runs inside the student's
 kernel, where the function lives, and only its findings come back, as data.
 
-The file is self-contained (standard library and NumPy): the grader sends its source
-to the student's kernel.
+The file is self-contained (standard library and NumPy; Triton only inside
+:func:`triton_launches`): the grader sends its source to the student's kernel.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["calls_seen", "inputs_after", "ufunc_log"]
+__all__ = ["calls_seen", "inputs_after", "triton_launches", "ufunc_log"]
 
 
 def _remote(fn):
@@ -118,3 +118,41 @@ def ufunc_log(fn, *args, **kwargs) -> list[tuple[str, int]]:
         namespace.update(swapped)
     log, _Recorded.log = _Recorded.log, []
     return log
+
+
+def triton_launches(fn, *args, **kwargs) -> list[tuple[str, tuple, dict]]:
+    """Call ``fn(*args, **kwargs)`` and record every Triton kernel it launches.
+
+    Each launch is ``(kernel name, grid, numbers)``: the grid as a tuple of ints (``()``
+    when it is a function of the meta-parameters) and the keyword arguments that are
+    plain numbers (the constexprs, e.g. ``{"BLOCK": 16}``). Works for kernels that run
+    under Triton's interpreter (``TRITON_INTERPRET=1``) and for compiled ones.
+    """
+    remote = _remote(fn)
+    if remote is not None:
+        return [(str(name), tuple(grid), dict(numbers))
+                for name, grid, numbers in remote.probe("triton_launches", *args, **kwargs)]
+    import importlib
+
+    seen: list[tuple[str, tuple, dict]] = []
+    patched = []
+    for module, cls in (("triton.runtime.interpreter", "InterpretedFunction"), ("triton.runtime.jit", "JITFunction")):
+        try:
+            owner = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError):
+            continue
+
+        def run(self, *a, grid, warmup=False, _original=owner.run, **k):
+            shape = tuple(int(g) for g in grid) if isinstance(grid, (tuple, list)) else ()
+            numbers = {key: v for key, v in k.items() if type(v) in (int, float, bool)}
+            seen.append((getattr(getattr(self, "fn", None), "__name__", "?"), shape, numbers))
+            return _original(self, *a, grid=grid, warmup=warmup, **k)
+
+        patched.append((owner, owner.run))
+        owner.run = run
+    try:
+        fn(*args, **kwargs)
+    finally:
+        for owner, original in patched:
+            owner.run = original
+    return seen

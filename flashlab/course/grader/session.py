@@ -53,26 +53,40 @@ _FLASH1 = ("flashlab.reference.flash1:flash1_step", "flashlab.reference.flash1:f
            "flashlab.reference.flash1:flash1_backward", "flashlab.reference.flash1:block_sizes",
            "flashlab.reference.flash1:flash1_flops", "flashlab.reference.naive:attention_backward",
            "flashlab.reference.softmax:OnlineSoftmaxState.update")
+#: The chapter-6 simulator's schedules, its builder and its engine (exercises that ask for a schedule).
+_SCHEDULES = tuple(f"flashlab.sim.events:{name}" for name in (
+    "_build", "serial", "producer_consumer", "pingpong", "intra_warpgroup", "pingpong_intra", "simulate",
+    "Schedule.run"))
 for _name in ("ch02-ex1", "ch02-ex2", "ch02-ex3", "ch02-ex4"):
     FORBIDDEN[_name] = _SOFTMAX
 for _name in ("ch03-ex1", "ch03-ex2", "ch03-ex3", "ch03-ex4"):
     FORBIDDEN[_name] = _FLASH1
 FORBIDDEN.update({
     "ch04-ex1": ("flashlab.memory:count_flash", "flashlab.reference.flash1:block_sizes"),
-    "ch04-ex3": ("flashlab.memory:count_flash", "flashlab.reference.flash1:block_sizes"),
+    "ch04-ex3": ("flashlab.memory:count_flash", "flashlab.reference.flash1:block_sizes",
+                 "flashlab.memory:fa2_order_io"),
     "ch05-ex1": ("flashlab.reference.flash2:flash2_forward", "flashlab.reference.softmax:OnlineSoftmaxState.update",
                  "flashlab.reference.naive:attention"),
     "ch05-ex2": ("flashlab.sim.occupancy:schedule", "flashlab.sim.occupancy:programs"),
     "ch05-ex3": ("flashlab.reference.flash2:flash2_backward", "flashlab.reference.naive:attention_backward"),
-    "ch06-ex1": ("flashlab.sim.events:producer_consumer", "flashlab.sim.events:simulate"),
+    "ch05-ex4": ("flashlab.sim.occupancy:warp_exchange", "flashlab.sim.occupancy:operand_reads"),
+    "ch06-ex1": _SCHEDULES,
     "ch06-ex2": ("flashlab.reference.fp8:hadamard_transform",),
     "ch06-ex3": ("flashlab.reference.fp8:quantize",),
-    "ch07-ex1": ("flashlab.cycles:forward_tile_cycles",),
-    "ch07-ex2": ("flashlab.reference.softexp:exp2",),
+    "ch06-ex4": _SCHEDULES,
+    "ch07-ex1": ("flashlab.cycles:forward_tile_cycles", "flashlab.cycles:forward_matmuls",
+                 "flashlab.cycles:_cycles"),
+    "ch07-ex2": ("flashlab.reference.softexp:exp2", "flashlab.reference.softexp:range_reduce",
+                 "flashlab.reference.softexp:horner", "flashlab.reference.softexp:insert_exponent"),
     "ch07-ex3": ("flashlab.reference.rescale:rescales",),
+    "ch08-ex3": _SOFTMAX,
     "ch09-ex1": ("flashlab.reference.beyond:combine", "flashlab.reference.softmax:OnlineSoftmaxState.merge"),
     "ch09-ex2": ("flashlab.reference.beyond:causal_block_counts",),
     "ch09-ex3": ("flashlab.reference.beyond:kv_cache_bytes",),
+    "ch10-ex1": ("flashlab.reference.beyond:combine", "flashlab.reference.softmax:OnlineSoftmaxState.merge"),
+    "ch10-ex2": ("flashlab.parallel.model:ring_step_bytes",),
+    "ch10-ex3": ("flashlab.reference.ring:shard_positions", "flashlab.reference.ring:shard",
+                 "flashlab.reference.ring:ring_work"),
 })
 
 
@@ -165,6 +179,10 @@ def _flashlab_install(codec_src, probes_src, forbidden_json):
                     for key, value in list(vars(mod).items()):
                         if value is original:
                             setattr(mod, key, wrapped)
+                        elif type(value) is dict:  # a registry such as events.SCHEDULES
+                            for k, v in list(value.items()):
+                                if v is original:
+                                    value[k] = wrapped
 
     class Agent:
         def call(self, text):
