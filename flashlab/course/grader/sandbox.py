@@ -5,12 +5,13 @@ Each notebook gets its own ``bwrap`` process (Debian package ``bubblewrap``)::
     prlimit --as=MEM --nproc=N --fsize=F --nofile=K -- \\
     bwrap --unshare-all --die-with-parent --new-session --uid 65534 --gid 65534 \\
           --ro-bind /usr /usr  (+ /bin /lib /lib64 /sbin as symlinks into it)
-          --ro-bind <python> --ro-bind <venv>            the interpreter and its packages
           --ro-bind <site>/flashlab /opt/flashlab/flashlab  the package, without the grader
           --ro-bind <repo>/results /opt/flashlab/results   recorded measurements (public)
           --ro-bind a few files of /etc (loader cache, fonts, users)
           --dev /dev --proc /proc                          its own /proc: only its processes
           --tmpfs /tmp --tmpfs /home/student --tmpfs /run/kernel   (size-capped, in memory)
+          --ro-bind <python> --ro-bind <venv>   the interpreter and its packages (after /tmp:
+                                                a venv under /tmp stays visible)
           --ro-bind <notebook> /home/student/<chapter>.ipynb
           python -m ipykernel_launcher -f /run/kernel/connection.json
 
@@ -228,11 +229,13 @@ def start(workdir: Path, notebook: Path | None, connection: dict, *, site: Path 
         f"--nofile={limits.open_files}", "--core=0", "--",
         bwrap_path() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
         "--uid", str(UID), "--gid", str(GID), "--hostname", "sandbox",
-        *_system_binds(), *_python_binds(), *_etc_binds(),
+        *_system_binds(), *_etc_binds(),
         "--dev", "/dev", "--proc", "/proc",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", HOME,
         "--size", str(1 << 20), "--perms", "0700", "--tmpfs", RUN,
+        # after the tmpfs mounts, which would otherwise hide a venv that lives under /tmp
+        *_python_binds(),
         "--ro-bind", str(conn_file), f"{RUN}/connection.json",
     ]
     if site is not None:
