@@ -32,3 +32,10 @@ def test_stale_names_and_markers_are_errors(call, words):
     with pytest.raises(ValueError) as info:
         call()
     assert all(w in str(info.value) for w in words)
+
+
+def test_excerpt_is_short_dedented_and_refuses_a_whole_function():
+    text = show.excerpt("kernels/forward.py", "online_softmax_step", start="m_new =", quiet=True)
+    assert text.startswith("m_new =") and len(text.splitlines()) <= show.EXCERPT_LINES
+    with pytest.raises(ValueError, match="at most 20 lines"):
+        show.excerpt("kernels/fa3.py", "_consumer", body=False, quiet=True)

@@ -7,6 +7,11 @@ without Triton's runtime, so the source is read from the file, not from the live
     show.source("kernels/forward.py", "_attend", start="for start_n")   # the loop of one function
     show.source("kernels/forward.py", "online_softmax_step", body=True)  # without its docstring
     show.docstring("kernels/backward.py", start="Two ways to get dQ", stop="For GQA")
+    show.excerpt("kernels/forward.py", "online_softmax_step", start="m_new =", stop="return")
+
+:func:`excerpt` is what a chapter shows a student: at most :data:`EXCERPT_LINES` lines of one
+function, dedented and displayed as a highlighted code block (Markdown), so the page shows
+the few lines that implement an equation, not a whole function with its docstring.
 
 Each prints the text and returns it; a name or marker that is not there raises a ValueError
 that says which file and what was looked for, so a chapter cannot silently quote stale code.
@@ -17,9 +22,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-__all__ = ["source", "docstring", "PACKAGE"]
+__all__ = ["source", "docstring", "excerpt", "EXCERPT_LINES", "PACKAGE"]
 
 PACKAGE = Path(__file__).resolve().parents[1]  # flashlab/
+EXCERPT_LINES = 20  # the longest excerpt a chapter may show
 
 
 def _read(path: str) -> tuple[str, ast.Module]:
@@ -84,3 +90,31 @@ def docstring(path: str, name: str | None = None, *, start: str | None = None, s
     if not quiet:
         print(out)
     return out
+
+
+def excerpt(path: str, name: str, *, start: str | None = None, stop: str | None = None,
+            body: bool = True, quiet: bool = False) -> str:
+    """A short excerpt of top-level function ``name`` in ``flashlab/<path>``, cut as in
+    :func:`source` (``body=True`` by default: no signature, no docstring), dedented and
+    displayed as a highlighted Python block. Returns the excerpt's text.
+
+    Raises ValueError if the excerpt is longer than :data:`EXCERPT_LINES` lines (choose
+    tighter ``start``/``stop`` markers) or if a line is wider than 88 characters."""
+    import textwrap
+
+    text = source(path, name, start=start, stop=stop, body=body, quiet=True)
+    text = textwrap.dedent(text).strip("\n")
+    lines = text.splitlines()
+    where = f"{path}:{name}"
+    if len(lines) > EXCERPT_LINES:
+        raise ValueError(f"an excerpt of {where} must be at most {EXCERPT_LINES} lines; got "
+                         f"{len(lines)} (start={start!r}, stop={stop!r}): choose tighter markers")
+    wide = [i for i, line in enumerate(lines, 1) if len(line) > 88]
+    if wide:
+        raise ValueError(f"an excerpt of {where} must have lines of at most 88 characters; "
+                         f"lines {wide} of the excerpt are wider: shorten them in {path}")
+    if not quiet:
+        from IPython.display import Markdown, display
+
+        display(Markdown(f"```python\n{text}\n```"))
+    return text
