@@ -37,5 +37,7 @@ def test_stale_names_and_markers_are_errors(call, words):
 def test_excerpt_is_short_dedented_and_refuses_a_whole_function():
     text = show.excerpt("kernels/forward.py", "online_softmax_step", start="m_new =", quiet=True)
     assert text.startswith("m_new =") and len(text.splitlines()) <= show.EXCERPT_LINES
+    assert max(map(len, text.splitlines())) <= show.EXCERPT_WIDTH
+    assert show._comment_above("    x = 1  # " + "n" * 100) == ["    # " + "n" * 100, "    x = 1"]
     with pytest.raises(ValueError, match="at most 20 lines"):
         show.excerpt("kernels/fa3.py", "_consumer", body=False, quiet=True)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-__all__ = ["source", "docstring", "excerpt", "EXCERPT_LINES", "PACKAGE"]
+__all__ = ["source", "docstring", "excerpt", "EXCERPT_LINES", "EXCERPT_WIDTH", "PACKAGE"]
 
 PACKAGE = Path(__file__).resolve().parents[1]  # flashlab/
 EXCERPT_LINES = 20  # the longest excerpt a chapter may show
+EXCERPT_WIDTH = 100  # characters: an output line's limit (the site sets outputs at 9 pt)
 
 
 def _read(path: str) -> tuple[str, ast.Module]:
@@ -92,14 +93,27 @@ def docstring(path: str, name: str | None = None, *, start: str | None = None, s
     return out
 
 
+def _comment_above(line: str) -> list[str]:
+    """``code  # note`` wider than EXCERPT_WIDTH -> ``# note`` on the line above ``code``."""
+    if len(line) <= EXCERPT_WIDTH or "  # " not in line:
+        return [line]
+    code, note = line.split("  # ", 1)
+    if code.count('"') % 2 or code.count("'") % 2:  # the "#" is inside a string
+        return [line]
+    indent = code[: len(code) - len(code.lstrip())]
+    return [f"{indent}# {note}", code.rstrip()]
+
+
 def excerpt(path: str, name: str, *, start: str | None = None, stop: str | None = None,
             body: bool = True, quiet: bool = False) -> str:
     """A short excerpt of top-level function ``name`` in ``flashlab/<path>``, cut as in
     :func:`source` (``body=True`` by default: no signature, no docstring), dedented and
     displayed as a highlighted Python block. Returns the excerpt's text.
 
-    Raises ValueError if the excerpt is longer than :data:`EXCERPT_LINES` lines (choose
-    tighter ``start``/``stop`` markers) or if a line is wider than 88 characters."""
+    A line wider than :data:`EXCERPT_WIDTH` with a trailing comment has the comment moved
+    to its own line above it. Raises ValueError if the excerpt is longer than
+    :data:`EXCERPT_LINES` lines (choose tighter ``start``/``stop`` markers) or a line is
+    still wider than :data:`EXCERPT_WIDTH`."""
     import textwrap
 
     text = source(path, name, start=start, stop=stop, body=body, quiet=True)
@@ -109,10 +123,13 @@ def excerpt(path: str, name: str, *, start: str | None = None, stop: str | None 
     if len(lines) > EXCERPT_LINES:
         raise ValueError(f"an excerpt of {where} must be at most {EXCERPT_LINES} lines; got "
                          f"{len(lines)} (start={start!r}, stop={stop!r}): choose tighter markers")
-    wide = [i for i, line in enumerate(lines, 1) if len(line) > 88]
+    lines = [part for line in lines for part in _comment_above(line)]
+    text = "\n".join(lines)
+    wide = [i for i, line in enumerate(lines, 1) if len(line) > EXCERPT_WIDTH]
     if wide:
-        raise ValueError(f"an excerpt of {where} must have lines of at most 88 characters; "
-                         f"lines {wide} of the excerpt are wider: shorten them in {path}")
+        raise ValueError(f"an excerpt of {where} must have lines of at most {EXCERPT_WIDTH} "
+                         f"characters; lines {wide} of the excerpt are wider: choose other "
+                         f"markers or shorten them in {path}")
     if not quiet:
         from IPython.display import Markdown, display
 
