@@ -5,7 +5,8 @@ The limits (one place, so a chapter's author can run just this file):
 - at most WORDS words of prose (markdown cells) per notebook;
 - no code line wider than CODE_WIDTH characters, no output line wider than OUTPUT_WIDTH;
 - no code cell longer than CELL_LINES lines (blank lines and ``# NBVAL_`` markers not
-  counted), an exercise cell (nbgrader) no longer than EXERCISE_LINES;
+  counted), an exercise cell (nbgrader) no longer than EXERCISE_LINES (hidden tests,
+  which the student's version does not show, not counted);
 - no whole-function source dumps (``inspect.getsource``); the course layer's
   ``show.excerpt`` keeps an excerpt short;
 - chapters 1-9 end with a "Check your understanding" section of at least QUESTIONS
@@ -67,6 +68,8 @@ def _output_lines(cell: dict) -> list[str]:
 
 
 def _counted_lines(source: str) -> int:
+    """Lines a reader sees: not blank, not an nbval marker, not inside hidden tests."""
+    source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", "", source, flags=re.S)
     return sum(1 for line in source.splitlines()
                if line.strip() and not line.strip().startswith("# NBVAL_"))
 
