@@ -42,3 +42,41 @@ def test_unknown_stem_is_refused():
 
     with pytest.raises(ValueError, match="stem must be one of"):
         figures.get("fig99")
+
+
+# The site's text column is about 750 px, 7.8 inches at 96 px per inch: a figure that wide
+# or narrower shows its point sizes at their size; a wider one is scaled down.
+COLUMN_INCHES = 7.8
+SMALLEST_POINTS = 9.0
+LEGIBLE = ("memory_pyramid", "roofline_h200", "naive_step_shares_h200", "naive_vs_fused_h200")
+
+
+def small_text(fig) -> list[tuple[str, float]]:
+    """(text, size as the reader sees it) of every visible text under SMALLEST_POINTS."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    scale = min(1.0, COLUMN_INCHES / fig.get_figwidth())
+    return [(t.get_text()[:40], round(t.get_fontsize() * scale, 1))
+            for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip()
+            and t.get_fontsize() * scale < SMALLEST_POINTS - 1e-9]
+
+
+def test_figure_text_is_legible_at_the_column_width():
+    import matplotlib.pyplot as plt
+
+    for stem in LEGIBLE:
+        fig = figures.get(stem)()
+        found = small_text(fig)
+        plt.close(fig)
+        assert not found, f"{stem}: text under {SMALLEST_POINTS} pt at the column's width: {found}"
+
+
+def test_small_text_is_caught():
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(COLUMN_INCHES * 2, 3))
+    fig.text(0.5, 0.5, "twelve points, shown at six", fontsize=12)
+    assert small_text(fig) == [("twelve points, shown at six", 6.0)]
+    plt.close(fig)

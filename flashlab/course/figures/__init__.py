@@ -27,6 +27,7 @@ FIGURES: dict[str, str] = {
     "online_softmax_example": "online_softmax:online_softmax_example",
     "tiling": "tiling:tiling",
     "roofline_h200": "memory:roofline",
+    "naive_step_shares_h200": "memory:naive_step_shares",
     "naive_vs_fused_h200": "memory:naive_vs_fused_h200",
     "io_vs_n": "io:io_vs_n",
     "io_vs_m": "io:io_vs_m",
