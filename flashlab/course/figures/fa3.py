@@ -2,15 +2,20 @@
 
 - :func:`pingpong` (Figure 6.1 of the book): Gantt charts from :mod:`flashlab.sim.events`, one
   consumer warpgroup with a producer, then two warpgroups in ping-pong.
-- :func:`schedules_utilisation`: tensor-core utilisation of the five schedules, d = 64, 128, 256.
-- :func:`fp8_incoherent`: a row with an outlier before/after the random Hadamard rotation,
-  and the RMSE of FP8 attention per method (:func:`flashlab.reference.fp8.outlier_rmse_experiment`).
-- :func:`pipelining_h200`: flashlab's Triton forward on the H200 across ``num_stages`` (the
-  depth of the K/V ring buffer), pointer loads against TMA loads, and Triton's warp
-  specialisation on and off (``results/pipelining_h200``), failed configurations marked.
-- :func:`fp8_speed_h200`: the FP8 forward against the bf16 one and torch SDPA flash on the
-  H200 (``results/fp8_bench_h200``), d = 128, with the fastest fixed FP8 tile of
-  ``results/fp8_tiles_h200`` as open markers.
+- :func:`schedules_utilisation` (Figure 6.2): tensor-core utilisation of the five schedules,
+  d = 64, 128, 256.
+- :func:`fp8_incoherent` (Figure 6.3): a row with an outlier before/after the random Hadamard
+  rotation, and the RMSE of FP8 attention per method
+  (:func:`flashlab.reference.fp8.outlier_rmse_experiment`).
+- :func:`fp8_speed_h200` (Figure 6.4): the FP8 forward against the bf16 one, cuDNN and torch
+  SDPA flash on the H200, d = 128, from one run of the bench suite
+  (``results/nvidia-h200/bench_fp8``: V with one descale per head).
+- :func:`pipelining_h200` (the chapter's lab notes): flashlab's Triton forward on the H200
+  across ``num_stages`` (the depth of the K/V ring buffer), pointer loads against TMA loads,
+  and Triton's warp specialisation on and off (``results/pipelining_h200``).
+
+The chapter's figures are drawn :data:`WIDTH` inches wide, the text column's width, with no
+text smaller than :data:`MIN_FONT` points.
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ from flashlab.reference import fp8
 from flashlab.sim.events import SCHEDULES, Tile, Timeline, pingpong as pingpong_schedule, producer_consumer
 from flashlab.course.figures.timeline import COLOURS
 
-__all__ = ["pingpong", "schedules_utilisation", "fp8_incoherent", "pipelining_h200", "fp8_speed_h200"]
+__all__ = ["pingpong", "schedules_utilisation", "fp8_incoherent", "pipelining_h200", "fp8_speed_h200",
+           "WIDTH", "MIN_FONT"]
 
-_LANES = {"tma": "load (TMA)", "tensor": "tensor core", "mufu": "exp unit (MUFU)"}
+WIDTH = 7.0  # inches: about 700 px at the notebook's 100 dpi, the text column's width
+MIN_FONT = 9.0  # points: the smallest text on the chapter's figures
+_TITLE = 10.5
+
+_LANES = {"tma": "load\n(TMA)", "tensor": "tensor\ncore", "mufu": "exp\n(MUFU)"}
 _OWNER = {"producer": "0.55", "WG1": COLOURS[0], "WG2": COLOURS[1]}
 _HATCH = {"load": "", "G0": "", "softmax": "///", "G1": ""}
 _ALPHA = {"load": 0.85, "G0": 0.95, "softmax": 0.85, "G1": 0.6}
+_SHORT = {"load": "", "G0": "S", "softmax": "e", "G1": "O"}  # bar labels: S = QK^T, e = exp, O += PV
 
 
 def _gantt(ax, timeline: Timeline, title: str) -> None:
@@ -38,74 +49,86 @@ def _gantt(ax, timeline: Timeline, title: str) -> None:
         y = len(lanes) - 1 - lanes.index(e.resource)
         ax.barh(y, e.end - e.start, left=e.start, height=0.7, color=_OWNER[e.owner], alpha=_ALPHA[e.kind],
                 hatch=_HATCH[e.kind], edgecolor="white", lw=0.8)
-        label = e.kind if e.kind != "load" else "K,V"
-        ax.text((e.start + e.end) / 2, y, f"{label}\n{e.task.split('_')[-1]}", ha="center", va="center",
-                fontsize=6.5, color="black" if e.kind == "G1" else "white")
-    ax.set_yticks(range(len(lanes)), [_LANES[r] for r in reversed(lanes)])
-    ax.set_title(f"{title}: tensor core busy {timeline.utilisation():.0%} of the time", loc="left", fontsize=10.5)
+        ax.text((e.start + e.end) / 2, y, f"{_SHORT[e.kind]}{e.task.split('_')[-1]}", ha="center",
+                va="center", fontsize=MIN_FONT, color="black" if e.kind == "G1" else "white")
+    ax.set_yticks(range(len(lanes)), [_LANES[r] for r in reversed(lanes)], fontsize=MIN_FONT)
+    ax.tick_params(axis="x", labelsize=MIN_FONT)
+    ax.set_title(f"{title}: tensor core busy {timeline.utilisation():.0%}", loc="left", fontsize=_TITLE)
+    ax.spines[["top", "right"]].set_visible(False)
 
 
 def pingpong(n_blocks: int = 4) -> Figure:
     """Figure 6.1: one consumer (its softmax leaves the tensor core idle) against two
-    consumers in ping-pong (one's softmax hides under the other's GEMMs); H100, 128x128x128."""
-    fig, axes = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True, layout="constrained")
-    _gantt(axes[0], producer_consumer(Tile(), n_blocks).run(), "producer + one consumer warpgroup")
+    consumers in ping-pong (one's softmax hides under the other's GEMMs); H100, 128x128x128.
+    Bar labels: Sj = the GEMM S = Q K_j^T, ej = its exponentials, Oj = the GEMM O += P V_j,
+    j = the K/V block; grey bars are the producer's loads of K_j, V_j."""
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH, 4.6), sharex=True, layout="constrained")
+    _gantt(axes[0], producer_consumer(Tile(), n_blocks).run(), "producer + one consumer")
     _gantt(axes[1], pingpong_schedule(Tile(), n_blocks).run(), "producer + two consumers, ping-pong")
     for owner, colour in _OWNER.items():
-        axes[0].bar(0, 0, color=colour, label={"producer": "producer warp"}.get(owner, f"consumer {owner}"))
-    axes[0].legend(loc="upper right", fontsize=8, ncol=3)
-    axes[1].set_xlabel("cycles on one SM  (G0: S = QKᵀ, softmax: exp, G1: O += PV; number = K/V block j)")
+        axes[0].bar(0, 0, color=colour, label={"producer": "producer (loads)"}.get(owner, f"consumer {owner}"))
+    axes[0].legend(loc="upper right", fontsize=MIN_FONT, ncol=3, frameon=False, bbox_to_anchor=(1, 1.32))
+    axes[1].set_xlabel("cycles on one SM (S: S = QKᵀ, e: exp, O: O += PV; number: K/V block)",
+                       fontsize=MIN_FONT)
     return fig
 
 
 def schedules_utilisation(n_blocks: int = 64, dims: tuple[int, ...] = (64, 128, 256)) -> Figure:
-    """Grouped bars: tensor-core utilisation predicted by the simulator for each schedule and d."""
-    fig, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
+    """Figure 6.2: tensor-core utilisation predicted by the simulator for each schedule and d."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.8), layout="constrained")
     width = 0.8 / len(dims)
     for i, (d, colour) in enumerate(zip(dims, COLOURS)):
         util = [build(Tile(d=d), n_blocks).run().utilisation() for build in SCHEDULES.values()]
         x = np.arange(len(SCHEDULES)) + (i - (len(dims) - 1) / 2) * width
-        ax.bar(x, util, width, color=colour, label=f"d = {d}")
-        for xi, u in zip(x, util):
-            ax.text(xi, u + 0.01, f"{u:.2f}", ha="center", fontsize=7)
-    ax.set_xticks(range(len(SCHEDULES)), [s.replace("_", "\n") for s in SCHEDULES])
-    ax.set_ylabel("tensor-core utilisation")
-    ax.set_ylim(0, 1.1)
-    ax.legend(loc="upper left", fontsize=9)
-    ax.set_title(f"Simulated H100 SM, Br = Bc = 128, {n_blocks} K/V blocks", loc="left", fontsize=10.5)
+        bars = ax.bar(x, util, width, color=colour, label=f"d = {d}")
+        ax.bar_label(bars, labels=[f"{u:.2f}" for u in util], fontsize=MIN_FONT, padding=1,
+                     rotation=90)
+    ax.set_xticks(range(len(SCHEDULES)), [s.replace("_", "\n") for s in SCHEDULES], fontsize=MIN_FONT)
+    ax.tick_params(axis="y", labelsize=MIN_FONT)
+    ax.set_ylabel("tensor-core utilisation", fontsize=MIN_FONT)
+    ax.set_ylim(0, 1.22)
+    ax.legend(loc="upper left", fontsize=MIN_FONT, ncols=3, frameon=False)
+    ax.set_title(f"Simulated H100 SM, Br = Bc = 128, {n_blocks} K/V blocks", loc="left", fontsize=_TITLE)
+    ax.spines[["top", "right"]].set_visible(False)
     return fig
 
 
 def fp8_incoherent(seeds: tuple[int, ...] = (0, 1, 2), n: int = 1024, d: int = 128) -> Figure:
-    """Left: a row of K with an outlier, before and after x -> x D H. Right: FP8 attention RMSE per method."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained", width_ratios=[1.4, 1])
+    """Figure 6.3. Left: a row of K with an outlier, before and after x -> x D H. Right: FP8
+    attention RMSE per method, the mean as a bar and each seed as a dot."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH, 3.6), layout="constrained", width_ratios=[1.2, 1])
     _, k, _ = fp8.outlier_inputs(n, d, seeds[0])
     row = k[np.argmax(np.abs(k).max(axis=1))]                        # the row with the largest outlier
     rotated = fp8.random_orthogonal(d, seeds[0])(row)
-    left.stem(row, linefmt=COLOURS[1], markerfmt="o", basefmt=" ", label=f"before: amax {np.abs(row).max():.1f}")
+    left.stem(row, linefmt=COLOURS[1], markerfmt="o", basefmt=" ", label=f"before: max |x| {np.abs(row).max():.1f}")
     left.stem(rotated, linefmt=COLOURS[0], markerfmt=".", basefmt=" ",
-              label=f"after rotation R: amax {np.abs(rotated).max():.1f}")
-    left.set_xlabel("coordinate of the head dimension")
-    left.set_title("one row of K with an outlier, before and after rotation", loc="left", fontsize=10.5)
-    left.legend(fontsize=8)
+              label=f"rotated: max |x| {np.abs(rotated).max():.1f}")
+    left.set_xlabel("coordinate of the head dimension", fontsize=MIN_FONT)
+    left.set_title("one row of K with an outlier", loc="left", fontsize=_TITLE)
+    left.legend(fontsize=MIN_FONT, frameon=False)
     result = fp8.outlier_rmse_experiment(n, d, seeds)
     names = list(result)
     means = [result[k].mean() for k in names]
     right.bar(range(len(names)), means, color=[COLOURS[1], COLOURS[3], COLOURS[2], COLOURS[0]])
     for i, k in enumerate(names):
         right.scatter([i] * len(seeds), result[k], color="black", s=10, zorder=3)
-    right.set_xticks(range(len(names)), [k.replace("_", "\n") for k in names], fontsize=8)
-    right.set_ylabel("RMSE against exact attention")
-    right.set_title(f"FP8 e4m3 attention, N = {n}, d = {d}, {len(seeds)} seeds", loc="left", fontsize=10.5)
+    labels = {"per_tensor": "per\ntensor", "per_block": "per\nblock", "incoherent": "rotated",
+              "per_block_incoherent": "rotated,\nper block"}
+    right.set_xticks(range(len(names)), [labels.get(k, k) for k in names], fontsize=MIN_FONT)
+    right.set_ylabel("RMSE against exact attention", fontsize=MIN_FONT)
+    right.set_title(f"FP8 attention, N = {n}, d = {d}", loc="left", fontsize=_TITLE)
+    for ax in (left, right):
+        ax.tick_params(labelsize=MIN_FONT)
+        ax.spines[["top", "right"]].set_visible(False)
     return fig
 
 
 def _provenance_footer(fig: Figure, text: str) -> None:
     """Small grey provenance text in a strip kept free at the bottom of a constrained layout."""
-    lines = 1 + len(text) // int(fig.get_figwidth() * 19)  # about 19 characters of 7-point text per inch
-    strip = (0.05 + 0.13 * lines) / fig.get_figheight()  # each line is about 0.13 inch high
+    lines = 1 + len(text) // int(fig.get_figwidth() * 15)  # about 15 characters of 9-point text per inch
+    strip = (0.05 + 0.16 * lines) / fig.get_figheight()  # each line is about 0.16 inch high
     fig.get_layout_engine().set(rect=(0, strip, 1, 1 - strip))
-    fig.text(0.01, 0.01, text, fontsize=7, color="0.35", ha="left", va="bottom", wrap=True)
+    fig.text(0.01, 0.01, text, fontsize=MIN_FONT, color="0.35", ha="left", va="bottom", wrap=True)
 
 
 def _pipelining_tflops(rec: results.Recorded, **where: object) -> tuple[float | None, bool]:
@@ -191,43 +214,39 @@ def pipelining_h200(stem: str = "pipelining_h200", ceiling_stem: str = "ceilings
     return fig
 
 
-_FP8_IMPLS = {  # impl column of fp8_bench -> (label, colour, marker, line style)
+_FP8_IMPLS = {  # impl column of the bench suite -> (label, colour, marker, line style)
+    "flashlab_fp8": ("flashlab FP8", COLOURS[2], "^", "-"),
+    "sdpa_cudnn": ("cuDNN bf16", COLOURS[3], "D", "-"),
     "flashlab": ("flashlab bf16", COLOURS[0], "o", "-"),
-    "flashlab_fp8": ("flashlab FP8 (inputs quantised beforehand)", COLOURS[2], "^", "-"),
-    "flashlab_fp8_incl_quant": ("flashlab FP8 incl. quantisation", COLOURS[2], "v", ":"),
-    "sdpa_flash": ("torch SDPA flash, bf16", COLOURS[1], "s", "-"),
+    "sdpa_flash": ("SDPA flash bf16", COLOURS[1], "s", "-"),
 }
 
 
-def fp8_speed_h200(stem: str = "fp8_bench_h200", tiles_stem: str = "fp8_tiles_h200", d: int = 128) -> Figure:
-    """Forward TFLOP/s against N at head dimension d for flashlab bf16, flashlab FP8 (autotuned,
-    with and without the quantisation timed) and torch SDPA flash, all from ``stem``; non-causal
-    (left) and causal (right). The thin dotted line is 1.5x flashlab's bf16 forward, the most FP8
-    can gain over it in the producer/consumer model of the chapter. Open markers (non-causal only)
-    are the fastest fixed FP8 configuration at each N in ``tiles_stem``, where each tile was timed
-    on its own rather than chosen by the autotuner."""
-    rec, tiles = results.load(stem), results.load(tiles_stem)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True, layout="constrained")
+def fp8_speed_h200(stem: str = "nvidia-h200/bench_fp8", d: int = 128) -> Figure:
+    """Figure 6.4: forward TFLOP/s against N at head dimension d for flashlab's FP8 forward
+    (e4m3; Q, K one descale per 128 rows, V one per head; inputs quantised beforehand), its bf16
+    forward, SDPA cuDNN and SDPA flash in bf16, all from one run (``stem``); non-causal (left)
+    and causal (right). The dotted line is 1.5x flashlab's bf16 forward, the most FP8 can gain
+    over it in the producer/consumer model of the chapter."""
+    rec = results.load(stem)
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.9), sharey=True, layout="constrained")
     for ax, causal in zip(axes, (False, True)):
         for impl, (label, colour, marker, ls) in _FP8_IMPLS.items():
             pts = sorted((r["N"], r["tflops"]) for r in rec.where(impl=impl, d=d, causal=causal))
             ax.plot(*zip(*pts), ls, color=colour, marker=marker, ms=5, lw=1.5, label=label)
         bf16 = sorted((r["N"], r["tflops"]) for r in rec.where(impl="flashlab", d=d, causal=causal))
-        ax.plot([n for n, _ in bf16], [1.5 * t for _, t in bf16], ":", color=COLOURS[0], lw=1,
-                label="1.5 × flashlab bf16 (producer/consumer model's FP8 gain)")
-        if not causal:  # the tile experiment: non-causal only
-            fixed = tiles.where(impl="flashlab_fp8", d=d, status="ok")
-            pts = sorted({n: max(r["tflops"] for r in fixed if r["N"] == n) for n in {r["N"] for r in fixed}}.items())
-            ax.plot(*zip(*pts), "--", color=COLOURS[2], marker="^", mfc="white", ms=7, lw=1.2,
-                    label=f"FP8, fastest fixed tile at each N ({tiles_stem})")
+        ax.plot([n for n, _ in bf16], [1.5 * t for _, t in bf16], ":", color=COLOURS[0], lw=1.2,
+                label="1.5 × flashlab bf16")
         ax.set_xscale("log", base=2)
-        ax.set_xticks([n for n, _ in bf16], [str(n) for n, _ in bf16])
-        ax.set_xlabel("sequence length N (B·N = 16k tokens)")
-        ax.set_title(f"d = {d}, {'causal' if causal else 'non-causal'}, forward", loc="left", fontsize=10.5)
-        ax.set_ylim(0, None)
+        ax.set_xticks([n for n, _ in bf16], [f"{n // 1024}k" for n, _ in bf16])
+        ax.minorticks_off()
+        ax.set_xlabel("sequence length N (B·N = 16k tokens)", fontsize=MIN_FONT)
+        ax.set_title(f"d = {d}, {'causal' if causal else 'non-causal'}", loc="left", fontsize=_TITLE)
+        ax.set_ylim(0, 900)
+        ax.tick_params(labelsize=MIN_FONT)
         ax.spines[["top", "right"]].set_visible(False)
-    axes[0].set_ylabel("TFLOP/s")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncols=3, fontsize=8.5,
-               title="FP8 (e4m3, per-block descales) against bf16 on the H200", title_fontsize=9.5)
-    _provenance_footer(fig, f"{rec.short}; open markers: {tiles.short}")
+    axes[0].set_ylabel("forward TFLOP/s", fontsize=MIN_FONT)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", ncols=3,
+               fontsize=MIN_FONT, frameon=False)
+    _provenance_footer(fig, rec.short)
     return fig
