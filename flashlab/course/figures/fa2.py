@@ -29,7 +29,7 @@ IMPLS = {  # impl column -> (label, colour, marker)
 }
 
 
-def _matrix(ax, x, y, w, h, label, split=None, n=4, shared=False):
+def _matrix(ax, x, y, w, h, label, split=None, n=4, shared=False, fontsize=10):
     """A matrix as a rectangle; ``split`` = "rows" or "cols" colours it by warp."""
     if split is None:
         ax.add_patch(Rectangle((x, y), w, h, fc="0.88" if shared else "white", ec="0.2", lw=1.2))
@@ -39,49 +39,71 @@ def _matrix(ax, x, y, w, h, label, split=None, n=4, shared=False):
         else:
             r = Rectangle((x + k * w / n, y), w / n, h, fc=WARP_COLOURS[k], alpha=0.55, ec="0.2")
         ax.add_patch(r)
-    ax.text(x + w / 2, y + h + 0.12, label, ha="center", va="bottom", fontsize=10)
+    ax.text(x + w / 2, y + h + 0.1, label, ha="center", va="bottom", fontsize=fontsize)
+
+
+def _arrow(ax, start, end, colour):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color=colour, lw=2))
 
 
 def warp_split(warps: int = 4) -> Figure:
-    """Figure 5.2: how the warps of one program divide a tile.
+    """Figure 5.2: how the warps of one program divide a tile, drawn for the text column
+    (7.5 inches wide, no text under 9 pt).
 
-    (a) split-K (v1): each warp takes a slice of K_j and V_j, all share Q_i; each
+    (a) split-K (v1's forward): each warp takes a slice of K_j and V_j, all share Q_i; each
     produces a partial O for every row, summed through shared memory with barriers.
-    (b) split-Q (v2): each warp takes a slice of the rows of Q_i and owns the same rows
-    of O_i; K_j and V_j are shared; no warp needs another's result.
+    (b) split-Q (v2's forward): each warp takes a slice of the rows of Q_i and owns the same
+    rows of O_i; K_j and V_j are shared; no warp needs another's result.
+    (c) the backward pass of one key block: each warp owns a slice of the keys, so its rows
+    of dK_j and dV_j are its own for the whole loop; dQ_i sums over the keys, so the warps'
+    partial dQ_i are combined through shared memory every tile.
     """
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    fig, axes = plt.subplots(3, 1, figsize=(7.5, 8.6), layout="constrained")
     for ax in axes:
         ax.set_xlim(0, 10.6)
-        ax.set_ylim(-1.6, 4.75)
-        ax.set_aspect("equal")
+        ax.set_ylim(-1.25, 3.55)
         ax.axis("off")
-    a, b = axes
+    a, b, c = axes
+    h = 2.2  # the height of a B_r-row matrix
     # (a) split-K: Q shared, K^T split by columns, V split by rows, partial O summed
-    _matrix(a, 0.2, 0.5, 1.2, 3.0, "$Q_i$ (shared)", shared=True)
-    _matrix(a, 1.9, 2.3, 3.0, 1.2, "$K_j^T$ split by keys", split="cols", n=warps)
-    _matrix(a, 5.4, 0.5, 1.2, 3.0, "$V_j$ split by keys", split="rows", n=warps)
+    _matrix(a, 0.2, 0.4, 1.1, h, "$Q_i$ (shared)", shared=True)
+    _matrix(a, 1.8, 1.5, 2.9, 1.1, "$K_j^T$ split by keys", split="cols", n=warps)
+    _matrix(a, 5.1, 0.4, 1.1, h, "$V_j$ split by keys", split="rows", n=warps)
     for k in range(warps):
-        a.add_patch(Rectangle((7.5 + 0.18 * k, 0.5 - 0.18 * k), 1.2, 3.0, fc=WARP_COLOURS[k], alpha=0.35, ec="0.2"))
-    a.text(8.4, 3.95, "partial $O_i$,\none per warp", ha="center", va="bottom", fontsize=10)
-    a.add_patch(Rectangle((9.4 - 0.0, -1.4), 1.0, 1.3, fc="white", ec="0.2", lw=1.2))
-    a.text(9.9, -0.75, "$O_i$", ha="center", va="center", fontsize=10)
-    a.add_patch(FancyArrowPatch((8.6, -0.2), (9.4, -0.7), arrowstyle="-|>", mutation_scale=14, color="#D55E00", lw=2))
-    a.text(5.0, -1.0, f"write {warps} partial O, max, sum to shared memory\nbarrier · read · add · barrier",
+        a.add_patch(Rectangle((7.0 + 0.16 * k, 0.4 - 0.12 * k), 1.1, h, fc=WARP_COLOURS[k], alpha=0.35, ec="0.2"))
+    a.text(7.8, h + 0.5, "partial $O_i$, one per warp", ha="center", va="bottom", fontsize=10)
+    a.add_patch(Rectangle((9.4, -1.15), 1.0, 1.2, fc="white", ec="0.2", lw=1.2))
+    a.text(9.9, -0.55, "$O_i$", ha="center", va="center", fontsize=10)
+    _arrow(a, (8.6, -0.1), (9.4, -0.55), "#D55E00")
+    a.text(4.3, -0.75, f"write {warps} partial O, max, sum to shared memory;\nbarrier, read, add, barrier",
            ha="center", va="center", fontsize=9.5, color="#D55E00")
-    a.set_title("(a) split-K (FlashAttention v1): warps exchange partial results", loc="left", fontsize=11)
+    a.set_title("(a) split-K (FlashAttention v1, forward): warps exchange partial results",
+                loc="left", fontsize=10.5)
     # (b) split-Q: Q split by rows, K^T and V shared, O split by rows
-    _matrix(b, 0.2, 0.5, 1.2, 3.0, "$Q_i$ split by rows", split="rows", n=warps)
-    _matrix(b, 1.9, 2.3, 3.0, 1.2, "$K_j^T$ (shared)", shared=True)
-    _matrix(b, 5.4, 0.5, 1.2, 3.0, "$V_j$ (shared)", shared=True)
-    _matrix(b, 7.3, 0.5, 1.2, 3.0, "$O_i$ split by rows", split="rows", n=warps)
-    b.text(5.0, -1.0, "each warp finishes its own rows:\nno exchange, no extra barrier",
-           ha="center", va="center", fontsize=9.5, color="#009E73")
-    b.set_title("(b) split-Q (FlashAttention-2): warps work alone", loc="left", fontsize=11)
+    _matrix(b, 0.2, 0.4, 1.1, h, "$Q_i$ split by rows", split="rows", n=warps)
+    _matrix(b, 1.8, 1.5, 2.9, 1.1, "$K_j^T$ (shared)", shared=True)
+    _matrix(b, 5.1, 0.4, 1.1, h, "$V_j$ (shared)", shared=True)
+    _matrix(b, 7.0, 0.4, 1.1, h, "$O_i$ split by rows", split="rows", n=warps)
     for k in range(warps):
-        b.text(9.0, 3.5 - (k + 0.5) * 3.0 / warps, f"warp {k}", va="center", fontsize=9, color=WARP_COLOURS[k])
-    fig.suptitle(f"Inside one program: {warps} warps share a $B_r \\times B_c$ tile "
-                 "(colour = which warp computes that part)", fontsize=12)
+        b.text(8.3, 0.4 + h - (k + 0.5) * h / warps, f"warp {k}", va="center", fontsize=9.5,
+               color=WARP_COLOURS[k])
+    b.text(4.3, -0.75, "each warp finishes its own rows:\nno exchange, no extra barrier",
+           ha="center", va="center", fontsize=9.5, color="#009E73")
+    b.set_title("(b) split-Q (FlashAttention-2, forward): warps work alone", loc="left", fontsize=10.5)
+    # (c) backward of one key block: keys split; dK_j, dV_j private; dQ_i summed
+    _matrix(c, 0.2, 0.4, 1.1, h, "$Q_i$, $dO_i$\n(shared)", shared=True)
+    _matrix(c, 1.8, 0.4, 2.9, h, "$dS_{ij}$: columns = keys", split="cols", n=warps)
+    _matrix(c, 5.3, 0.4, 1.1, h, "$dK_j$, $dV_j$\nsplit by keys", split="rows", n=warps)
+    c.text(6.55, 0.4 + h / 2, "each warp's\nown rows,\nkept for the\nwhole loop", va="center",
+           fontsize=9.5, color="#009E73")
+    c.add_patch(Rectangle((9.4, 0.4), 1.0, h, fc="white", ec="0.2", lw=1.2))
+    c.text(9.9, 0.4 + h + 0.1, "$dQ_i$", ha="center", va="bottom", fontsize=10)
+    _arrow(c, (4.75, 0.25), (9.4, 0.6), "#D55E00")
+    c.text(4.3, -0.7, "$dQ_i$ sums over the keys of every warp: $dS_{ij}$ through shared memory,\n"
+           "one barrier per tile; across programs, atomic adds (or a second kernel)",
+           ha="center", va="center", fontsize=9.5, color="#D55E00")
+    c.set_title("(c) backward of one key block: warps own keys", loc="left", fontsize=10.5)
+    fig.suptitle(f"Inside one program: {warps} warps share a tile (colour = warp)", fontsize=11)
     return fig
 
 
@@ -94,7 +116,7 @@ def occupancy_waves(N: int = 4096, Br: int = 128, max_bh: int = 300) -> Figure:
     N : sequence length; Br : query rows per block (v2 launches ceil(N / Br) per head).
     max_bh : largest batch x heads drawn.
     """
-    fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), layout="constrained")
     bh = range(1, max_bh + 1)
     for gpu, style in ((hardware.A100, "-"), (hardware.H200, "--")):
         for part, colour in (("v1", COLOURS[0]), ("v2", COLOURS[1])):
@@ -102,14 +124,14 @@ def occupancy_waves(N: int = 4096, Br: int = 128, max_bh: int = 300) -> Figure:
             ax.plot(list(bh), u, style, color=colour, lw=1.6,
                     label=f"{part} grid, {gpu.name.split()[0]} ({gpu.sm_count} SMs)")
     ax.axvline(16, color="0.5", lw=0.8, ls=":")
-    ax.text(17, 0.03, "B·H = 16\n(§5.4's example)", fontsize=8.5, color="0.35")
+    ax.text(19, 0.04, "B·H = 16\n(§5.4's example)", fontsize=9, color="0.35")
     ax.set_xlabel("batch × heads (B·H)")
     ax.set_ylabel("SM utilisation (busy SM-time / total)")
     ax.set_ylim(0, 1.05)
     ax.set_xlim(0, max_bh)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(fontsize=9, loc="lower right")
-    ax.set_title(f"Who has work? N = {N}, B_r = {Br}: v2 launches {-(-N // Br)} programs per head; "
+    ax.set_title(f"Who has work? N = {N}, $B_r$ = {Br}: v2 launches {-(-N // Br)} programs per head;\n"
                  "the saw-teeth are waves (flashlab.sim.occupancy)",
                  fontsize=10, loc="left")
     return fig
@@ -121,12 +143,12 @@ def bench_h200(stem: str = "nvidia-h200/bench", ceiling_stem: str = "ceilings_h2
     lines non-causal, dashed causal; the measured bf16 matmul ceiling as a grey line."""
     rec = results.load(stem)
     ceiling = results.load(ceiling_stem).where(ceiling="matmul_bf16_8192")[0]["value"] / 1e12
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.6), sharex=True, sharey=True, layout="constrained")
+    fig, axes = plt.subplots(2, 2, figsize=(7.5, 7.2), sharex=True, sharey=True, layout="constrained")
     for row, d in enumerate((64, 128)):
         for col, (pass_, title) in enumerate((("fwd", "forward"), ("fwdbwd", "forward + backward"))):
             ax = axes[row, col]
             ax.axhline(ceiling, color="0.4", lw=1)
-            ax.text(rec.rows[0]["N"], ceiling + 12, f"measured bf16 matmul {ceiling:.0f}", fontsize=8, color="0.3")
+            ax.text(rec.rows[0]["N"], ceiling + 12, f"bf16 matmul {ceiling:.0f}", fontsize=9, color="0.3")
             for impl, (label, colour, marker) in IMPLS.items():
                 for causal, ls in ((False, "-"), (True, "--")):
                     pts = sorted((r["N"], r["tflops"]) for r in rec.where(impl=impl, d=d, causal=causal, **{"pass": pass_}))
@@ -134,18 +156,19 @@ def bench_h200(stem: str = "nvidia-h200/bench", ceiling_stem: str = "ceilings_h2
                         ax.plot(*zip(*pts), ls, color=colour, marker=marker, ms=4, lw=1.4,
                                 label=label if causal is False else None)
             ax.set_xscale("log", base=2)
-            ax.set_title(f"d = {d}, {title}", fontsize=10.5, loc="left")
+            ax.set_title(f"d = {d}, {title}", fontsize=10, loc="left")
             ax.set_ylim(0, ceiling * 1.12)
             ax.spines[["top", "right"]].set_visible(False)
             if row == 1:
                 ax.set_xlabel("sequence length N")
             if col == 0:
                 ax.set_ylabel("TFLOP/s (bf16)")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncols=4, fontsize=9,
-               title="Attention on the H200, flashlab against its peers (solid: non-causal, dashed: causal)",
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncols=2, fontsize=9,
+               title="Attention on the H200 (solid: non-causal, dashed: causal)",
                title_fontsize=10)
-    fig.text(0.01, -0.01, rec.short + "\nceiling: " + results.load(ceiling_stem).short,
-             fontsize=7.5, color="0.35", ha="left", va="top", wrap=True)
+    fig.get_layout_engine().set(h_pad=0.08)
+    fig.supxlabel(rec.short.replace("; results/", ";\nresults/") + f"; matmul: results/{ceiling_stem}",
+                  fontsize=9, color="0.35")
     return fig
 
 
@@ -168,7 +191,7 @@ def grid_measured_vs_predicted(stem: str = "grid_h200", d: int = 128, N: int = 4
 
     tile_ms = cal["ms"] / predict("v2", 16, 16384, False)  # ms per tile per SM
     bh = list(range(1, max_bh + 1))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.4), sharex=True, layout="constrained")
+    fig, axes = plt.subplots(2, 2, figsize=(7.5, 7.4), sharex=True, layout="constrained")
     for col, causal in enumerate((False, True)):
         model = {part: [predict(part, h, N, causal, tile_ms) for h in bh] for part in ("v1", "v2")}
         meas = {part: sorted((r["B"] * r["H"], r["ms"]) for r in rec.where(grid=part, d=d, N=N, causal=causal))
@@ -179,8 +202,8 @@ def grid_measured_vs_predicted(stem: str = "grid_h200", d: int = 128, N: int = 4
             top.plot(*zip(*meas[part]), marker, color=colour, ms=7, mfc="white", mew=1.8,
                      label=f"{part} grid, measured")
         top.set_yscale("log")
-        top.set_title(f"{'causal' if causal else 'non-causal'}, d = {d}, N = {N}: run time",
-                      loc="left", fontsize=10.5)
+        top.set_title(f"{'causal' if causal else 'non-causal'}, d = {d}, N = {N}",
+                      loc="left", fontsize=10)
         top.set_ylabel("forward time (ms)")
         bottom.plot(bh, [a / b for a, b in zip(model["v1"], model["v2"])], "-", color="0.2", lw=1.3,
                     label=f"model, N = {N}")
@@ -194,17 +217,17 @@ def grid_measured_vs_predicted(stem: str = "grid_h200", d: int = 128, N: int = 4
         bottom.set_yticks([1, 1.25, 2, 4, 8], labels=["1", "1.25", "2", "4", "8"])
         bottom.minorticks_off()
         bottom.set_ylim(0.8, 12)
-        bottom.set_title("how many times slower v1 is than v2", loc="left", fontsize=10.5)
+        bottom.set_title("how many times slower v1 is", loc="left", fontsize=10)
         bottom.set_ylabel("v1 time / v2 time")
-        bottom.set_xlabel("batch × heads (B·H) = programs of the v1 grid")
+        bottom.set_xlabel("B·H = programs of the v1 grid")
         for ax in (top, bottom):
             ax.axvline(sms, color="0.5", lw=0.8, ls=":")
             ax.spines[["top", "right"]].set_visible(False)
             ax.set_xlim(0, max_bh)
-        bottom.text(sms + 4, 9, f"{sms} SMs", fontsize=8.5, color="0.35")
-        top.legend(fontsize=8.5, loc="lower right")
-        bottom.legend(fontsize=8.5, loc="upper right")
-    fig.suptitle("One program per head (v1 grid) or one per query block (v2 grid) on the H200:\n"
-                 f"the model, with its tile time taken from one v2 run (B·H = 16, N = 16384), against the measurements",
-                 fontsize=11)
+        bottom.text(sms + 4, 9, f"{sms} SMs", fontsize=9, color="0.35")
+    top.legend(*axes[0, 0].get_legend_handles_labels(), fontsize=9, loc="lower right")
+    fig.legend(*axes[1, 0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=9)
+    fig.suptitle("One program per head (v1 grid) or per query block (v2 grid) on the H200:\n"
+                 "the model (tile time from one v2 run, B·H = 16, N = 16384) against the measurements",
+                 fontsize=10.5)
     return fig
