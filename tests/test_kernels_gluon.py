@@ -48,18 +48,27 @@ COMBOS = [(dtype, d, causal) for dtype in fa3.DTYPES for d in fa3.HEAD_DIMS for 
 # triton.language in this one, and a Gluon kernel compiled after them would not build.
 _BUILD = """
 import base64, json, sys, torch
-from flashlab.kernels import fa3
+from flashlab.kernels import fa3, fa3_fp8
+from flashlab.lab.variants import fa3_schedules
 out = {}
 for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
     key = f"{dtype}-{d}-{causal}-{pingpong}"
     try:
-        k = fa3.compile_sm90(getattr(torch, dtype), d, causal, pingpong)
+        if dtype == "float8_e4m3fn":  # the FP8 kernel
+            k = fa3_fp8.compile_sm90(d, causal)
+        elif isinstance(pingpong, str):  # an ablation schedule
+            k = fa3_schedules.compile_sm90(pingpong, getattr(torch, dtype), d, causal)
+        else:
+            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, pingpong)
         out[key] = {"ptx": k.asm["ptx"], "ttgir": k.asm["ttgir"], "cubin": base64.b64encode(k.asm["cubin"]).decode(),
                     "num_warps": k.metadata.num_warps, "shared": k.metadata.shared}
     except Exception as exc:
         out[key] = {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
 print(json.dumps(out))
 """
+FP8_COMBOS = [(d, causal) for d in (64, 128) for causal in (False, True)]
+SCHEDULE_BUILDS = [("no_overlap", 128, False), ("no_warp_specialization", 128, False),
+                   ("no_warp_specialization", 64, True)]
 
 
 @functools.cache
@@ -69,6 +78,8 @@ def _builds() -> dict:
     import sys
 
     wanted = [(str(t).removeprefix("torch."), d, c, True) for t, d, c in COMBOS] + [("bfloat16", 128, False, False)]
+    wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
+    wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True, env=env,
                          timeout=600)
@@ -76,7 +87,7 @@ def _builds() -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool = True):
+def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool | str = True):
     import base64
     from types import SimpleNamespace
 
@@ -147,6 +158,92 @@ def test_config_fits_shared_memory():
         elements = 2 * c["BLOCK_M"] * d + c["STAGES"] * 2 * c["BLOCK_N"] * d  # Q, then K and V per stage
         assert 2 * elements <= 227 * 1024 - 1024
         assert c["BLOCK_M"] == 64, "wgmma's M is 64 per warpgroup"
+
+
+# --------------------------------------------------------------- the ablation's schedules, compiled
+def test_no_overlap_waits_for_both_gemms():
+    """overlap=False: no wgmma.wait_group 1 (S is never awaited while P V runs); partitions kept."""
+    k = _compiled(torch.bfloat16, 128, False, "no_overlap")
+    ptx = k.asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 1;" not in ptx
+    assert "ttg.warp_specialize" in k.asm["ttgir"] and "setmaxnreg" in ptx
+    assert "wgmma.wait_group.sync.aligned 1;" in _compiled(torch.bfloat16, 128, False).asm["ptx"]
+
+
+@pytest.mark.parametrize("d, causal", [(128, False), (64, True)])
+def test_no_warp_specialization_is_one_partition(d, causal):
+    """No producer, no partitions, no register reallocation: 8 warps that issue their own TMA
+    loads (completing on mbarriers) and keep the intra-warpgroup overlap."""
+    k = _compiled(torch.bfloat16, d, causal, "no_warp_specialization")
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    assert "ttg.warp_specialize" not in ttgir and "setmaxnreg" not in ptx
+    assert k.metadata.num_warps == 8
+    assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait" in ptx and "bar.sync" in ptx
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx
+    usage = _resource_usage(k.asm["cubin"])
+    if usage:
+        assert re.search(r"STACK:0 ", usage) and re.search(r"LOCAL:0 ", usage), usage
+
+
+# --------------------------------------------------------------- the FP8 kernel, compiled
+@pytest.mark.parametrize("d, causal", FP8_COMBOS)
+def test_fp8_compiled_code_has_fa3_structure(d, causal):
+    """Partitions, setmaxnreg, the TMA/mbarrier ring; e4m3 wgmma with S from shared memory and P
+    from registers; the intra-warpgroup wait; P into A's layout without a shuffle (the kernel's
+    convert_layout asserts it is trivial: byte permutes to pack P, no warp shuffles beyond the
+    row reductions'); no spills."""
+    k = _compiled(torch.float8_e4m3fn, d, causal)
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    assert "ttg.warp_specialize" in ttgir and k.metadata.num_warps == 12
+    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
+    assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait" in ptx
+    gemm = r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3"
+    assert re.search(gemm + r" \{[^}]*\}, %rd", ptx), "S = Q K^T from shared memory"
+    assert re.search(gemm + r" \{[^}]*\}, \{", ptx), "O += P V with P from registers"
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx
+    usage = _resource_usage(k.asm["cubin"])
+    if usage:
+        assert re.search(r"STACK:0 ", usage) and re.search(r"LOCAL:0 ", usage), usage
+    assert k.metadata.shared <= 227 * 1024
+
+
+def test_fp8_v_layout_matches_the_key_order():
+    """wgmma_v(v)[..., :, k] is v's key key_order[k] (zero past N_k), whatever v's strides; the
+    order is _as_operand's: within 16 keys, column k = 8 c2 + 4 c1 + 2 c3 + c0 holds key
+    c = 8 c3 + 4 c2 + 2 c1 + c0."""
+    from flashlab.kernels.fa3_fp8 import key_order, wgmma_v
+
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 3, 37, 64, generator=g).to(torch.float8_e4m3fn)
+    order = key_order(48)
+    assert order[:16].tolist() == [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]
+    assert sorted(order.tolist()) == list(range(48))
+    padded = torch.nn.functional.pad(v.view(torch.uint8), (0, 0, 0, 11))
+    got = wgmma_v(v)
+    assert got.shape == (2, 3, 64, 48) and got.is_contiguous() and got.dtype == v.dtype
+    assert torch.equal(got.view(torch.uint8), padded[:, :, order].transpose(-2, -1))
+    keys_contiguous = v.transpose(-2, -1).contiguous().transpose(-2, -1)
+    assert torch.equal(wgmma_v(keys_contiguous).view(torch.uint8), got.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(q_block=100), ["q_block", "multiple of 64", "100"]),
+        (dict(k_block=64), ["k_block", "multiple of 128", "64"]),
+        (dict(k_block=True), ["k_block", "True"]),
+        (dict(v_block=128), ["v_block must be None", "128"]),
+    ],
+)
+def test_fp8_bad_blocks_name_the_argument(kwargs, words):
+    from flashlab.kernels import fa3_fp8
+
+    x = torch.zeros(1, 2, 256, 64).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError) as info:
+        fa3_fp8._check(x, x, x, kwargs.get("q_block"), kwargs.get("k_block"), kwargs.get("v_block"), torch.bfloat16)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value}"
 
 
 @pytest.mark.parametrize(
@@ -228,3 +325,76 @@ def test_lse_matches_flash_attention(causal):
     torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-4)
     _, lse2 = fa3.forward(q, k, v, causal)  # the backward's convention: log2 units
     torch.testing.assert_close(lse2 * fa3.LN2, lse, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("schedule", ["no_overlap", "no_warp_specialization"])
+@pytest.mark.parametrize("case", experiment.SCHEDULE_CASES, ids=str)
+def test_ablation_schedules_match_too(schedule, case):
+    row = experiment.check_case(*case, schedule=schedule)
+    assert row["ok"], f"{schedule} {case}: {row}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("schedule", ["no_overlap", "no_warp_specialization"])
+def test_ablation_schedules_race_free(schedule):
+    row = experiment.race_check(schedule=schedule)
+    assert row["identical"] and row["nan_overwritten"], row
+
+
+# --------------------------------------------------------------- the FP8 kernel on a Hopper GPU
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("case", experiment.FP8_CASES, ids=str)
+def test_fp8_matches_dequantised_reference(case):
+    """RMSE against float64 attention of the dequantised inputs within 1.25x the Triton FP8
+    kernel's on the same inputs; lse within 1e-3 relative, -inf where a row sees no key."""
+    row = experiment.fp8_check_case(*case)
+    assert row["ok"], f"{case}: {row}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("d", fa3.HEAD_DIMS)
+def test_fp8_race_free(d):
+    row = experiment.fp8_race_check(d=d)
+    assert row["identical"], "the same inputs gave different bits"
+    assert row["nan_overwritten"], "some output element was never written"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+def test_fp8_rmse_below_the_per_tensor_baseline():
+    """On outlier inputs, per-block scaling (Q, K per 128 rows, V per head) gives a lower RMSE than
+    per-tensor scaling (the baseline), on average over the seeds, and so does Hadamard on top."""
+    rows = experiment.fp8_rmse(seeds=(0, 1, 2))
+    mean = lambda m: sum(r["rmse"] for r in rows if r["method"] == m) / 3  # noqa: E731
+    baseline = mean("fp8 per-tensor (baseline, triton)")
+    assert mean("gluon fp8 per-tensor") == pytest.approx(baseline, rel=0.05)
+    assert mean("gluon fp8 per-block, V per head") < baseline
+    assert mean("gluon fp8 per-block + hadamard, V per head") < mean("gluon fp8 per-block, V per head")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+def test_fp8_impl_gluon_through_the_public_entry_point():
+    from flashlab.kernels.fp8 import flash_attention_fp8, flash_attention_fp8_from, quantize_qkv
+
+    g = torch.Generator(device="cpu").manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 512, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    pre = quantize_qkv(q, k, v, block=128, v_block=None)
+    o_gluon = flash_attention_fp8(**pre, impl="gluon")
+    o_triton = flash_attention_fp8(**pre)
+    assert (o_gluon.float() - o_triton.float()).abs().max().item() < 2e-2
+    o_from = flash_attention_fp8_from(q, k, v, block=128, v_block=None, impl="gluon")
+    torch.testing.assert_close(o_from, o_gluon, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="impl"):
+        flash_attention_fp8(**pre, impl="cutlass")

@@ -39,7 +39,8 @@ from ._common import LN2, LOG2E, check_scale
 # TMA global -> shared copy: triton 3.6 names it async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "compile_sm90", "config", "fa3_forward", "forward", "supported"]
+__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "compile_for_sm90", "compile_sm90", "config", "fa3_forward", "forward",
+           "supported", "tensor_descriptor_type"]
 
 GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -64,10 +65,12 @@ def config(d: int) -> dict:
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, q_row0, kv_row0, n_blocks,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, q_row0, kv_row0, v_row0, n_blocks,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr):
     """Algorithm 1's producer: load Q_i, then K_j, V_j into stage j % s of the ring, j < n_blocks.
-    (Its register deallocation is warp_specialize's worker_num_regs.)"""
+    (Its register deallocation is warp_specialize's worker_num_regs.) V_j is rows
+    v_row0 + j Bc + [0, Bc) of V's (B * H * N_k, d) view, or, V_KEYS_CONTIGUOUS (the FP8 kernel,
+    :mod:`.fa3_fp8`), columns j Bc + [0, Bc) of rows v_row0 + [0, d) of V^T's (B * H * d, N_k) view."""
     q_bar, k_full, k_empty, v_full, v_empty = bars
     for w in gl.static_range(2):  # "issue load Q_i": both consumers' tiles, Br rows each; q_bar signals completion
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
@@ -84,7 +87,10 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, q_row0, kv_r
         _tma_load(desc_k, [kv_row0 + j * BLOCK_N, 0], k_full.index(stage), k_smem.index(stage))
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
         mbarrier.expect(v_full.index(stage), desc_v.block_type.nbytes)
-        _tma_load(desc_v, [kv_row0 + j * BLOCK_N, 0], v_full.index(stage), v_smem.index(stage))
+        if V_KEYS_CONTIGUOUS:
+            _tma_load(desc_v, [v_row0, j * BLOCK_N], v_full.index(stage), v_smem.index(stage))
+        else:
+            _tma_load(desc_v, [v_row0 + j * BLOCK_N, 0], v_full.index(stage), v_smem.index(stage))
 
 
 @gluon.jit
@@ -125,10 +131,12 @@ def _add(a, b):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr):
+def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
+                  P_SHIFT: gl.constexpr = 0.0):
     """Fold S = Q_i K_j^T (Br, Bc), raw, into (m, l) in log2 units (Algorithm 1's softmax steps).
-    Returns P = exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
-    alpha = exp2(m - m_new) that brings O up to date."""
+    Returns P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
+    alpha = exp2(m - m_new) that brings O up to date. P_SHIFT is 0 here; the FP8 kernel
+    (:mod:`.fa3_fp8`) computes P 2^8 times larger, so that it lands in e4m3's normal range."""
     if masked:  # the ragged last block, and the blocks the diagonal crosses
         keys = start_n + cols  # (Bc,) key indices j
         visible = keys[None, :] < N_K
@@ -138,7 +146,7 @@ def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale
     m_new = gl.maximum(m_i, gl.reduce(s, 1, _maximum) * qk_scale)  # m_new = max(m, rowmax(S)), scale > 0
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: P = 0, not NaN
     alpha = gl.exp2(m_i - m_ref)  # exp2(m - m_new)
-    p = gl.exp2(s * qk_scale - m_ref[:, None])  # P = exp2(S - m_new), one FFMA and one MUFU.EX2 per score
+    p = gl.exp2(s * qk_scale - (m_ref - P_SHIFT)[:, None])  # P = exp2(S - m_new): one FFMA, one MUFU.EX2 a score
     l_i = l_i * alpha + gl.reduce(p, 1, _add)  # l = alpha l + rowsum(P)
     return p, m_new, l_i, alpha
 
@@ -146,9 +154,11 @@ def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale
 @gluon.jit
 def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,
               CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+              HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
     """Algorithm 2, the consumer warpgroup WG: query rows m0 + WG * Br + [0, Br) of the tile.
-    (Its register reallocation is warp_specialize's worker_num_regs and the kernel's maxnreg.)"""
+    (Its register reallocation is warp_specialize's worker_num_regs and the kernel's maxnreg.)
+    OVERLAP=False is the ablation without intra-warpgroup overlap: each step waits for both GEMMs
+    before its softmax, so the softmax never runs beside this warpgroup's own GEMMs."""
     q_bar, k_full, k_empty, v_full, v_empty = bars
     # wgmma accumulators: S (Br, Bc) and O (Br, d) spread over the warpgroup's 128 threads
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -202,16 +212,19 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, 
         mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
-        # "wait for the WGMMA Q_i K_j^T" (wgmma groups finish in order: P_cur V_{j-1} may still run)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        if OVERLAP:
+            # "wait for the WGMMA Q_i K_j^T" (wgmma groups finish in order: P_cur V_{j-1} may still run)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+        else:  # the ablation: wait for both GEMMs, so the softmax below runs alone
+            o, s, p = warpgroup_mma_wait(0, deps=(o_tok, s_tok, p))
         mbarrier.arrive(k_empty.index(stage), count=1)  # "release the (j % s)th stage ... for K"
         # "compute m_i, P_next and l_i based on S_next"
         start_n = j * BLOCK_N
         p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale,
                                                 _needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
-        # "wait for the WGMMA P_cur V_{j-1}"; "release the ((j - 1) % s)th stage ... for V"
-        o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-        mbarrier.arrive(v_empty.index(prev), count=1)
+        if OVERLAP:  # "wait for the WGMMA P_cur V_{j-1}"
+            o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(prev), count=1)  # "release the ((j - 1) % s)th stage ... for V"
         p = gl.convert_layout(p_next.to(dtype), p_layout)  # "copy S_next to S_cur", as P
 
     # "wait for V_{Tc-1}; O_i = O_i + P_cur V_{Tc-1}, commit and wait", after the last rescale
@@ -223,8 +236,15 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, 
     _pass_turn(turn, WG, PINGPONG)
     o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(last), count=1)
+    _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
 
-    # Epilogue: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i); a row that saw no key: O = 0, L = -inf
+
+@gluon.jit
+def _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                HEAD_D: gl.constexpr):
+    """Epilogue: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i), written for the rows row0 + [0, Br)
+    below N_q ("write O_i and L_i to HBM"); a row that saw no key: O = 0, L = -inf."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     seen = l_i > 0
     l_safe = gl.where(seen, l_i, 1.0)
     o = o / gl.convert_layout(l_safe, row_o)[:, None]
@@ -233,27 +253,33 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, 
     o_rows = row0 + gl.arange(0, BLOCK_M, layout=row_o)
     o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
     offsets = (o_row0 + o_rows[:, None]).to(gl.int64) * HEAD_D + o_cols[None, :]
-    gl.store(O + offsets, o.to(dtype), mask=(o_rows < N_Q)[:, None])  # "write O_i and L_i to HBM"
+    gl.store(O + offsets, o.to(O.dtype.element_ty), mask=(o_rows < N_Q)[:, None])
 
 
 @gluon.jit
-def _fa3_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
-                CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                STAGES: gl.constexpr, PINGPONG: gl.constexpr):
-    """Grid (query tiles of 2 Br rows, B * H). Q, K, V come as 2-D views (B * H * N, d): rows past
-    a head's N belong to the next head (or are zero past the end) and are masked like any tail."""
-    bh = gl.program_id(1)
-    # the longest causal tiles (the last rows) start first, so short ones fill the tail of the grid
+def _tile_rows(CAUSAL: gl.constexpr, ROWS: gl.constexpr):
+    """The first query row m0 of this program's tile of ROWS rows. Causal: the longest tiles (the
+    last rows) start first, so that short ones fill the tail of the grid."""
     tile = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
-    m0 = tile * 2 * BLOCK_M
-    # Keys this tile visits. Causal block skipping: the tile's last real row sees keys up to
-    # min(m0 + 2 Br, N_q) - 1 + N_k - N_q; blocks past that are never loaded. At least one block
-    # is visited so that a tile with no visible key still writes O = 0 and lse = -inf.
+    return tile * ROWS
+
+
+@gluon.jit
+def _key_blocks(m0, N_Q, N_K, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key blocks the tile of query rows m0 + [0, ROWS) visits. Causal block skipping: its last
+    real row sees keys up to min(m0 + ROWS, N_q) - 1 + N_k - N_q; blocks past that are never
+    loaded. At least one block is visited so that a tile with no visible key still writes O = 0
+    and lse = -inf."""
     hi = N_K
     if CAUSAL:
-        hi = gl.minimum(hi, gl.minimum(m0 + 2 * BLOCK_M, N_Q) + N_K - N_Q)
-    n_blocks = (gl.maximum(hi, 1) + BLOCK_N - 1) // BLOCK_N  # ceil(max(hi, 1) / Bc)
+        hi = gl.minimum(hi, gl.minimum(m0 + ROWS, N_Q) + N_K - N_Q)
+    return (gl.maximum(hi, 1) + BLOCK_N - 1) // BLOCK_N  # ceil(max(hi, 1) / Bc)
 
+
+@gluon.jit
+def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
+    """Shared memory of one program: both consumers' Q tiles, the ring of STAGES K and V slots,
+    the full/empty mbarrier pair of each slot, Q's barriers and the ping-pong turn barriers."""
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
@@ -271,17 +297,28 @@ def _fa3_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
         mbarrier.init(v_full.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
         mbarrier.init(v_empty.index(i), count=2)
-    bars = (q_bar, k_full, k_empty, v_full, v_empty)
+    return q_smem, k_smem, v_smem, (q_bar, k_full, k_empty, v_full, v_empty), turn
 
+
+@gluon.jit
+def _fa3_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
+                CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+    """Grid (query tiles of 2 Br rows, B * H). Q, K, V come as 2-D views (B * H * N, d): rows past
+    a head's N belong to the next head (or are zero past the end) and are masked like any tail."""
+    bh = gl.program_id(1)
+    m0 = _tile_rows(CAUSAL, 2 * BLOCK_M)
+    n_blocks = _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
+    q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES)
     o_row0 = bh * N_Q  # this head's first row in the (B * H * N_q, d) views of Q and O
     kv_row0 = bh * N_K
     gl.warp_specialize([
         (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,  # default
-                     CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG)),  # partition: NUM_WARPS warps
+                     CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP)),  # partition: 4 warps
         (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,
-                     CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG)),
-        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0, n_blocks,
-                     BLOCK_M, BLOCK_N, STAGES)),
+                     CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP)),
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0, kv_row0, n_blocks,
+                     BLOCK_M, BLOCK_N, STAGES, False)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -334,12 +371,14 @@ def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Ten
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
-            *, pingpong: bool = True, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            *, pingpong: bool = True, overlap: bool = True,
+            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; the convention of :func:`flashlab.kernels.forward.forward`.
 
     q (B, H, N_q, d), k and v (B, H, N_k, d), contiguous, bf16 or fp16, d in HEAD_DIMS, on sm_90.
-    ``pingpong=False`` lets both consumers issue their GEMMs freely (the ablation); ``out`` is a
-    (B, H, N_q, d) buffer to write O into (tests fill it with NaN first).
+    ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
+    S before each softmax with no GEMM in flight (the ablations); ``out`` is a (B, H, N_q, d)
+    buffer to write O into (tests fill it with NaN first).
     Returns o like q and lse2 (B, H, N_q) float32, the row log-sum-exp in log2 units, as the
     backward (:func:`flashlab.kernels.backward.backward`) takes it."""
     scale = _check(q, k, v, scale)
@@ -353,7 +392,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     c = config(D)
     grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
     _fa3_kernel[grid](*_descriptors(q, k, v), o, lse2, N_Q, N_K, scale * LOG2E,  # scale * log2(e)
-                      CAUSAL=bool(causal), PINGPONG=bool(pingpong), **c, num_warps=NUM_WARPS, maxnreg=MAXNREG)
+                      CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
+                      num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return o, lse2
 
 
@@ -382,30 +422,43 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     return o, lse2 * LN2  # log2 units -> natural log
 
 
-def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, pingpong: bool = True):
-    """Compile the kernel for sm_90 without a GPU, with the argument types :func:`forward` launches
-    it with, and return Triton's CompiledKernel (``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
-    ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled."""
+def tensor_descriptor_type(dtype, block: list[int]) -> str:
+    """The signature string of a TMA descriptor argument with ``block`` over ``dtype`` (a gl dtype)
+    in its default NVMMA shared layout, as :class:`TensorDescriptor` with that layout gives."""
+    shape = ", ".join(str(b) for b in block)
+    return f"tensordesc<{dtype}[{shape}],{gl.NVMMASharedLayout.get_default_for(block, dtype)!r}>"
+
+
+def compile_for_sm90(kernel, signature: dict[str, str], constexprs: dict[str, object], pointers: tuple[int, ...],
+                     num_warps: int, maxnreg: int | None):
+    """Compile the Gluon ``kernel`` for sm_90 without a GPU: ``signature`` maps each parameter to
+    its type ("i32", "*bf16", tensor_descriptor_type(...), "constexpr"), ``constexprs`` gives
+    the constexprs' values, ``pointers`` the positions of the pointer arguments (16-byte aligned,
+    as torch allocations are). Returns Triton's CompiledKernel."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    attrs = {(i,): [["tt.divisibility", 16]] for i in pointers}
+    src = GluonASTSource(kernel, signature, constexprs, attrs)
+    options = dict(num_warps=num_warps) | ({} if maxnreg is None else dict(maxnreg=maxnreg))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, pingpong: bool = True,
+                 overlap: bool = True):
+    """Compile the kernel for sm_90 without a GPU, with the argument types :func:`forward` launches
+    it with, and return Triton's CompiledKernel (``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
+    ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = config(d)
     gl_dtype = _GL_DTYPES[dtype]
-    name = str(gl_dtype)  # "bf16" / "fp16"
-
-    def desc(rows: int) -> str:
-        return f"tensordesc<{name}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype)!r}>"
-
-    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), **c)
-    signature = {"desc_q": desc(c["BLOCK_M"]), "desc_k": desc(c["BLOCK_N"]), "desc_v": desc(c["BLOCK_N"]),
-                 "O": f"*{name}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32",
+    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c)
+    signature = {"desc_q": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
+                 "desc_k": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
+                 "desc_v": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
+                 "O": f"*{gl_dtype}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32",
                  **{k: "constexpr" for k in constexprs}}
-    attrs = {(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]}  # torch allocations are aligned
-    src = GluonASTSource(_fa3_kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=NUM_WARPS, maxnreg=MAXNREG))
-
+    return compile_for_sm90(_fa3_kernel, signature, constexprs, (3, 4), NUM_WARPS, MAXNREG)

@@ -536,7 +536,7 @@ def flash_attention_fp8(
     q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
     v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16, config: Candidate | None = None,
-    tma: bool | None = None,
+    tma: bool | None = None, impl: str = "triton",
 ) -> torch.Tensor:
     """softmax(scale * Q K^T (+ causal mask)) V from FP8 inputs, forward only.
 
@@ -564,9 +564,22 @@ def flash_attention_fp8(
     config : (BLOCK_M, BLOCK_N, warps, stages[, max registers]) to bypass autotuning.
     tma : read K and V through tensor descriptors (and Q, when contiguous): None (default) when
         :func:`fp8_tma_eligible`, True to require it, False for pointer loads.
+    impl : "triton" (default): this module's kernel, on any GPU with FP8 tensor cores (or the
+        interpreter); "gluon": FlashAttention-3's warp-specialised FP8 forward
+        (:func:`flashlab.kernels.fa3_fp8.fa3_fp8_forward`), on a Hopper GPU, d = 64 or 128,
+        q_block a multiple of 64, k_block of 128, v_block None; config and tma do not apply.
 
     Returns o (B, H, N_q, d) in ``out_dtype``.
     """
+    if impl not in ("triton", "gluon"):
+        raise ValueError(f"impl must be 'triton' or 'gluon'; got {impl!r}")
+    if impl == "gluon":
+        from .fa3_fp8 import fa3_fp8_forward
+
+        if config is not None or tma is not None:
+            raise ValueError("config and tma apply to impl='triton' only")
+        return fa3_fp8_forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, q_block=q_block,
+                               k_block=k_block, v_block=v_block, out_dtype=out_dtype)[0]
     return launch_fp8(_fp8_forward_kernel, q, k, v, causal, scale, q_descale, k_descale, v_descale, q_block=q_block,
                       k_block=k_block, v_block=v_block, out_dtype=out_dtype, config=config, tma=tma)
 
@@ -637,11 +650,12 @@ def launch_fp8(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 def flash_attention_fp8_from(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None, *,
     block: int | None = 128, hadamard: bool = False, seed: int = 0, out_dtype: torch.dtype | None = None,
-    config: Candidate | None = None, v_block: int | None | str = "same",
+    config: Candidate | None = None, v_block: int | None | str = "same", impl: str = "triton",
 ) -> torch.Tensor:
     """FP8 attention of bf16/fp16/fp32 inputs (B, H, N, d): quantise (per ``block`` rows, None: per
     batch and head; ``v_block`` for V if different; ``hadamard``: rotate q and k first, d a power
-    of two; see :func:`quantize_qkv`), then :func:`flash_attention_fp8`. Output in ``out_dtype``, default q's dtype (bfloat16 for float32)."""
+    of two; see :func:`quantize_qkv`), then :func:`flash_attention_fp8` (``impl`` "triton" or "gluon", as there). Output in ``out_dtype``, default
+    q's dtype (bfloat16 for float32)."""
     layout = "(batch, heads, seq_len, head_dim)"
     check_tensors(q, layout, k=(k, layout), v=(v, layout))
     if k.shape != v.shape:
@@ -650,5 +664,5 @@ def flash_attention_fp8_from(
     if out_dtype is None:
         out_dtype = q.dtype if q.dtype != torch.float32 else torch.bfloat16
     return flash_attention_fp8(**quantize_qkv(q, k, v, block, hadamard, seed, v_block=v_block), causal=causal,
-                               scale=scale, out_dtype=out_dtype, config=config)
+                               scale=scale, out_dtype=out_dtype, config=config, impl=impl)
 

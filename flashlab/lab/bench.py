@@ -208,9 +208,10 @@ def naive_step_costs(
 
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
 # Asked for by name (--impls): flashlab_gluon, flash_attention(impl="gluon"): the Gluon FA3 forward
-# (sm_90) with the Triton backward; flashlab_fp8, the FP8 forward, inputs quantised before timing.
-OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fp8")
-FORWARD_ONLY_IMPLS = ("flashlab_fp8",)
+# (sm_90) with the Triton backward; flashlab_fp8, the FP8 forward, inputs quantised before timing;
+# flashlab_gluon_fp8, the same with flash_attention_fp8(impl="gluon"): the Gluon FA3 FP8 forward (sm_90).
+OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fp8", "flashlab_gluon_fp8")
+FORWARD_ONLY_IMPLS = ("flashlab_fp8", "flashlab_gluon_fp8")
 FP8_BLOCK = 128  # rows per descale of flashlab_fp8's Q and K
 FP8_V_BLOCK = None  # ... and of its V: one descale per (batch, head), as FlashAttention-3 scales V (chapter 6)
 
@@ -234,11 +235,12 @@ def _forward_fn(name: str, causal: bool, q: torch.Tensor, k: torch.Tensor, v: to
     on inputs quantised here, beforehand (Q and K per block of FP8_BLOCK rows, V per head and
     keys-contiguous), as FlashAttention-3 reports FP8 speed; chapter 6 times the quantisation
     separately."""
-    if name == "flashlab_fp8":
+    if name in ("flashlab_fp8", "flashlab_gluon_fp8"):
         from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
 
         pre = quantize_qkv(q, k, v, block=FP8_BLOCK, v_block=FP8_V_BLOCK)
-        return lambda: flash_attention_fp8(**pre, causal=causal)
+        impl = "gluon" if name == "flashlab_gluon_fp8" else "triton"
+        return lambda: flash_attention_fp8(**pre, causal=causal, impl=impl)
     fn = _impl(name, causal)
     return lambda: fn(q, k, v)
 
@@ -328,7 +330,7 @@ def _run_jobs(jobs, rows, device, dtype, tokens, passes, progress) -> None:
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
                 continue
-            row = {"impl": impl, "dtype": "float8_e4m3fn" if impl == "flashlab_fp8" else str(dtype).replace("torch.", ""), "causal": causal, "d": d, "N": n,
+            row = {"impl": impl, "dtype": "float8_e4m3fn" if impl in FORWARD_ONLY_IMPLS else str(dtype).replace("torch.", ""), "causal": causal, "d": d, "N": n,
                    "B": B, "H": H, "pass": pass_name, "ms": round(ms, 5), "tflops": round(flops / (ms * 1e-3) / 1e12, 2)}
             rows.append(row)
             if progress:
@@ -371,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impls", nargs="+", choices=[*KERNEL_IMPLS, *OPTIONAL_IMPLS],
                         help=f"implementations of the kernel suite (default {' '.join(KERNEL_IMPLS)}; "
                              "flashlab_gluon: the Gluon FA3 forward with the Triton backward, on sm_90; "
-                             "flashlab_fp8: the FP8 forward, on a GPU with FP8 tensor cores)")
+                             "flashlab_fp8: the FP8 forward, on a GPU with FP8 tensor cores; "
+                             "flashlab_gluon_fp8: the Gluon FA3 FP8 forward, on sm_90)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
     import signal

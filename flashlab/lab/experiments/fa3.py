@@ -14,8 +14,21 @@
    cuDNN backend), one after the other in this process. TFLOP/s = attention_flops / median time;
    max_err over :data:`SAMPLE_ROWS` query rows of every head against fp32 attention.
 
-Writes ``fa3_correctness_<gpu>.csv/.json`` and ``fa3_speed_<gpu>.csv/.json`` into ``--out`` and
-prints both as tables. A case that fails is recorded with its error and the run goes on.
+3. Ablation (:func:`ablation`, FA3 §4.3): at the paper's shape (d = 128, N = 8192, B N = 16384
+   tokens, H = 16, bf16, non-causal and causal; and the paper's own (B, N, H) = (4, 8448, 16) in
+   fp16), each schedule of :mod:`flashlab.lab.variants.fa3_schedules` (complete, no_pingpong,
+   no_overlap, no_warp_specialization) beside cuDNN and a bf16 8192^3 ``torch.matmul`` (the
+   ceiling), in one process; with the paper's TFLOP/s (:data:`PAPER_ABLATION`) and the chapter-6
+   simulator's prediction (:func:`simulated`) for each schedule.
+4. FP8 (:func:`fp8_speed`, :func:`fp8_correctness`, :func:`fp8_rmse`): the Gluon FP8 forward
+   (:mod:`flashlab.kernels.fa3_fp8`) against the float64 reference of its dequantised inputs and
+   the Triton FP8 kernel (``flashlab_fp8``) on the same inputs, the race check, its speed beside
+   flashlab's bf16 forward, the Gluon bf16 forward and cuDNN (d = 128, N = 4096 ... 16384), and its
+   RMSE on outlier inputs against the per-tensor-scaled baseline.
+
+Writes ``fa3_correctness_<gpu>``, ``fa3_speed_<gpu>``, ``fa3_ablation_<gpu>``, ``fa3_fp8_<gpu>`` and
+``fa3_fp8_rmse_<gpu>`` (.csv/.json) into ``--out`` (``--parts`` picks some) and prints tables. A
+case that fails is recorded with its error and the run goes on.
 """
 
 from __future__ import annotations
@@ -27,11 +40,14 @@ import traceback
 
 import torch
 
+from flashlab.kernels._common import LN2
 from flashlab.kernels.fa3 import fa3_forward, forward
 from flashlab.lab.measure import gpu_slug, isolated, paper_shape, provenance, time_ms
 from flashlab.reference import attention, attention_flops
 
-__all__ = ["CASES", "TOLERANCE", "check_case", "main", "race_check", "speed", "torch_attention"]
+__all__ = ["ABLATION_SHAPES", "CASES", "FP8_CASES", "PAPER_ABLATION", "TOLERANCE", "ablation", "check_case",
+           "fp8_check_case", "fp8_correctness", "fp8_race_check", "fp8_rmse", "fp8_speed", "main", "race_check",
+           "simulated", "speed", "torch_attention"]
 
 # (B, H, N_q, N_k, d, causal, dtype): both dtypes and head dimensions, masked edges (N not a
 # multiple of 128), N_q != N_k both ways (bottom-right causal alignment; rows that see no key).
@@ -75,15 +91,29 @@ def _inputs(shape_q: tuple[int, ...], shape_k: tuple[int, ...], dtype: torch.dty
     return q, k, v
 
 
+def _run(q, k, v, causal: bool, pingpong: bool, schedule: str | None, out=None):
+    """(o, lse2) of the teaching kernel, or of an ablation schedule (fa3_schedules) when named."""
+    if schedule is None:
+        return forward(q, k, v, causal, pingpong=pingpong, out=out)
+    from flashlab.lab.variants.fa3_schedules import forward as scheduled
+
+    return scheduled(q, k, v, causal, schedule=schedule, out=out)
+
+
 def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype,
-               seed: int = 0, pingpong: bool = True) -> dict[str, object]:
-    """One correctness case on the GPU: errors of o and lse and their bounds, and ``ok``."""
+               seed: int = 0, pingpong: bool = True, schedule: str | None = None) -> dict[str, object]:
+    """One correctness case on the GPU: errors of o and lse and their bounds, and ``ok``
+    (``schedule``: one of fa3_schedules.SCHEDULES instead of the teaching kernel)."""
     q, k, v = _inputs((B, H, n_q, d), (B, H, n_k, d), dtype, seed)
     o_ref, lse_ref = attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal=causal,
                                return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
     qc, kc, vc = (t.cuda() for t in (q, k, v))
-    o, lse = fa3_forward(qc, kc, vc, causal=causal, pingpong=pingpong)
+    if schedule is None:
+        o, lse = fa3_forward(qc, kc, vc, causal=causal, pingpong=pingpong)
+    else:
+        o, lse2 = _run(qc, kc, vc, causal, pingpong, schedule)
+        lse = lse2 * LN2
     base = torch_attention(qc, kc, vc, causal)
     err = (o.double().cpu() - o_ref).abs().max().item()
     bound = min(2 * (base.double().cpu() - o_ref).abs().max().item() + 1e-5, TOLERANCE[dtype])
@@ -99,13 +129,14 @@ def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: 
 
 
 def race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
-               dtype: torch.dtype = torch.bfloat16, pingpong: bool = True) -> dict[str, object]:
+               dtype: torch.dtype = torch.bfloat16, pingpong: bool = True,
+               schedule: str | None = None) -> dict[str, object]:
     """The same inputs twice give bit-identical o and lse; a NaN-filled output buffer is fully
     overwritten (every tile, every warpgroup, the ragged last one included)."""
     q, k, v = (t.cuda() for t in _inputs((B, H, n, d), (B, H, n, d), dtype, 1))
-    o1, lse1 = forward(q, k, v, causal, pingpong=pingpong)
+    o1, lse1 = _run(q, k, v, causal, pingpong, schedule)
     poisoned = torch.full_like(q, float("nan"))
-    o2, lse2 = forward(q, k, v, causal, pingpong=pingpong, out=poisoned)
+    o2, lse2 = _run(q, k, v, causal, pingpong, schedule, out=poisoned)
     identical = bool(torch.equal(o1, o2)) and bool(torch.equal(lse1, lse2))
     overwritten = not bool(torch.isnan(o2).any())
     return {"identical": identical, "nan_overwritten": overwritten, "ok": identical and overwritten}
@@ -222,7 +253,341 @@ def correctness(pingpong: bool = True) -> list[dict[str, object]]:
             row.update(ok=False, status=f"{type(exc).__name__}: {str(exc)[:160]}")
         rows.append(row)
         print(_line(row), flush=True)
+    return rows + schedule_correctness()
+
+
+SCHEDULE_CASES = [CASES[1], CASES[2], CASES[6], CASES[8]]  # causal, d = 64 and 128, N_q != N_k both ways
+
+
+def schedule_correctness() -> list[dict[str, object]]:
+    """The ablation schedules that are not the teaching kernel's constexprs alone (no_overlap,
+    no_warp_specialization) on :data:`SCHEDULE_CASES` and the race check at d = 128: one row each."""
+    rows = []
+    for schedule in ("no_overlap", "no_warp_specialization"):
+        for case in SCHEDULE_CASES + [None]:
+            row: dict[str, object] = {"case": "race" if case is None else "attention", "schedule": schedule}
+            if case is not None:
+                B, H, n_q, n_k, d, causal, dtype = case
+                row.update(B=B, H=H, N_q=n_q, N_k=n_k, d=d, causal=causal, dtype=str(dtype).removeprefix("torch."))
+            print("start", _line(row), flush=True)
+            try:
+                got = race_check(schedule=schedule) if case is None else check_case(*case, schedule=schedule)
+                row.update(got, status="ok")
+            except Exception as exc:
+                traceback.print_exc()
+                row.update(ok=False, status=f"{type(exc).__name__}: {str(exc)[:160]}")
+            rows.append(row)
+            print(_line(row), flush=True)
     return rows
+
+
+# ------------------------------------------------------------------------------------ ablation
+# (dtype, B, H, N, causal, label): the chapter's shape (B N = 16k tokens, H = 2048 / d) and the paper's own
+ABLATION_SHAPES: list[tuple[torch.dtype, int, int, int, bool, str]] = [
+    (torch.bfloat16, 2, 16, 8192, False, "chapter"),
+    (torch.bfloat16, 2, 16, 8192, True, "chapter"),
+    (torch.float16, 4, 16, 8448, False, "paper"),
+]
+# FA3 paper (Shah et al. 2024), §4.3 ablation, Table 2: non-causal FP16, (B, N, H, d) = (4, 8448, 16, 128),
+# H100 SXM5, TFLOP/s. The paper ablates the GEMM-softmax pipelining and warp specialisation, not ping-pong.
+PAPER_ABLATION = {"complete": 661.0, "no_overlap": 582.0, "no_warp_specialization": 570.0}
+PAPER_SOURCE = "FA3 paper §4.3 Table 2 (H100 SXM5, fp16, B=4 N=8448 H=16 d=128, non-causal)"
+
+
+def simulated(n_blocks: int = 64) -> dict[str, dict[str, object]]:
+    """The chapter-6 simulator's prediction (:mod:`flashlab.sim.events`) for each ablation schedule:
+    tensor-core utilisation of ``n_blocks`` key blocks of this kernel's tiles (Br = 64, Bc = 128,
+    d = 128, H200 rates, 2 ring stages), and its ratio to the complete schedule's."""
+    from flashlab.hardware import H200
+    from flashlab.lab.variants.fa3_schedules import SIMULATED
+    from flashlab.sim import events
+
+    tile = events.Tile(Br=64, Bc=128, d=128, gpu=H200)
+    util = {}
+    for schedule, (name, flags) in SIMULATED.items():
+        stages = 2
+        built = events._build(name, tile, n_blocks, flags["consumers"], stages, flags["intra"], flags["producer"],
+                              flags["barrier"])
+        util[schedule] = (name, built.run().utilisation("tensor"))
+    full = util["complete"][1]
+    return {k: {"sim_schedule": name, "sim_tensor_util": round(u, 3), "sim_ratio": round(u / full, 3)}
+            for k, (name, u) in util.items()}
+
+
+def _matmul_ceiling() -> float:
+    """TFLOP/s of a bf16 8192^3 torch.matmul on random data (the GPU's dense bf16 ceiling)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a, b = (torch.randn(8192, 8192, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+    t = time_ms(lambda: a @ b, "cuda")
+    return 2 * 8192**3 / (t * 1e-3) / 1e12
+
+
+def ablation() -> list[dict[str, object]]:
+    """Each schedule of fa3_schedules at :data:`ABLATION_SHAPES`, beside cuDNN, in this process;
+    a matmul ceiling row first. Columns: TFLOP/s, ratio to the complete kernel in the same shape,
+    the paper's TFLOP/s and ratio, the simulator's ratio; max_err over sampled rows vs fp32."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from flashlab.lab.variants.fa3_schedules import SCHEDULES, forward as scheduled
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    sim = simulated()
+    ceiling = _matmul_ceiling()
+    rows: list[dict[str, object]] = [{"impl": "matmul_bf16_8192", "label": "ceiling", "tflops": round(ceiling, 1),
+                                      "status": "ok"}]
+    print(_line(rows[0]), flush=True)
+    impls = {name: (lambda q, k, v, causal, name=name: scheduled(q, k, v, causal, schedule=name)[0])
+             for name in SCHEDULES} | {"cudnn": cudnn}
+    for dtype, B, H, n, causal, label in ABLATION_SHAPES:
+        d = 128
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", dtype) for _ in range(3))
+        sample = _row_sample(n).cuda()
+        ref = _reference_rows(q, k, v, causal, sample)
+        flops = attention_flops(n, n, d, causal=causal, batch=B * H)
+        shape_rows = []
+        for name, fn in impls.items():
+            row: dict[str, object] = {"impl": "fa3" if name in SCHEDULES else name, "schedule": name, "label": label,
+                                      "dtype": str(dtype).removeprefix("torch."), "B": B, "H": H, "N": n, "d": d,
+                                      "causal": causal}
+            try:
+                with torch.no_grad():
+                    o = fn(q, k, v, causal)
+                    err = (o[:, :, sample].float() - ref).abs().max().item()
+                    t = time_ms(lambda fn=fn: fn(q, k, v, causal), "cuda")
+                row.update(ms=round(t, 4), tflops=round(flops / (t * 1e-3) / 1e12, 1), max_err=f"{err:.2e}",
+                           status="ok")
+            except Exception as exc:  # record and go on
+                row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:160]}")
+            shape_rows.append(row)
+        full = next((r["tflops"] for r in shape_rows if r["schedule"] == "complete" and r["status"] == "ok"), None)
+        for row in shape_rows:
+            name = row["schedule"]
+            ok = row["status"] == "ok" and full
+            row["ratio"] = round(row["tflops"] / full, 3) if ok else ""
+            row["of_ceiling"] = round(row["tflops"] / ceiling, 3) if row["status"] == "ok" else ""
+            paper = PAPER_ABLATION.get(name)
+            row["paper_tflops"] = paper or ""
+            row["paper_ratio"] = round(paper / PAPER_ABLATION["complete"], 3) if paper else ""
+            row.update(sim.get(name, {"sim_schedule": "", "sim_tensor_util": "", "sim_ratio": ""}))
+            rows.append(row)
+            print(_line(row), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    rows.append({"impl": "paper", "label": PAPER_SOURCE, "status": "quoted"})
+    return rows
+
+
+def _ablation_table(rows: list[dict[str, object]]) -> str:
+    lines = [f"{'shape':>22} {'schedule':>24} {'TFLOP/s':>8} {'ratio':>6} {'paper':>6} {'sim':>6}"]
+    for r in rows:
+        if r.get("schedule"):
+            shape = f"{r['dtype']} N={r['N']} {'causal' if r['causal'] else 'full'}"
+            lines.append(f"{shape:>22} {r['schedule']:>24} {r['tflops']!s:>8} {r['ratio']!s:>6} "
+                         f"{r['paper_ratio']!s:>6} {r['sim_ratio']!s:>6}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ FP8
+# (B, H, N_q, N_k, d, causal): ragged N, N_q != N_k both ways, d = 64 and 128
+FP8_CASES: list[tuple[int, int, int, int, int, bool]] = [
+    (2, 3, 1024, 1024, 128, False),
+    (2, 3, 1000, 1000, 128, True),
+    (1, 4, 1531, 1531, 64, True),
+    (1, 2, 777, 1531, 128, True),
+    (1, 2, 1531, 777, 128, False),
+    (3, 2, 100, 1000, 64, True),
+]
+FP8_BLOCK = 128  # rows per Q and K descale; V one per head, as FA3 scales V
+FP8_SPEED_N = (4096, 8192, 16384)
+
+
+def _fp8_inputs(B, H, n_q, n_k, d, seed):
+    from flashlab.kernels.fp8 import quantize_qkv
+
+    q, k, v = _inputs((B, H, n_q, d), (B, H, n_k, d), torch.bfloat16, seed)
+    return quantize_qkv(q.cuda(), k.cuda(), v.cuda(), block=FP8_BLOCK, v_block=None)
+
+
+def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, seed: int = 0) -> dict[str, object]:
+    """The Gluon FP8 forward against float64 attention of its dequantised inputs (RMSE), beside the
+    Triton FP8 kernel on the same inputs; lse against the reference's. ok: RMSE at most 1.25x the
+    Triton kernel's + 1e-4, lse within 1e-3 relative, -inf exactly where a row sees no key."""
+    from flashlab.kernels.fa3_fp8 import fa3_fp8_forward
+    from flashlab.kernels.fp8 import dequantize_fp8, flash_attention_fp8
+
+    pre = _fp8_inputs(B, H, n_q, n_k, d, seed)
+    deq = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().cpu().numpy() for x in "qkv"]
+    o_ref, lse_ref = attention(*deq, causal=causal, return_lse=True)
+    o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
+    o, lse = fa3_fp8_forward(**pre, causal=causal)
+    o_tri = flash_attention_fp8(**pre, causal=causal)
+    rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
+    rmse_tri = ((o_tri.double().cpu() - o_ref) ** 2).mean().sqrt().item()
+    lse = lse.double().cpu()
+    finite = torch.isfinite(lse_ref)
+    same_inf = bool(torch.equal(finite, torch.isfinite(lse))) and bool((lse[~finite] == float("-inf")).all())
+    lse_err = (lse[finite] - lse_ref[finite]).abs().max().item() if finite.any() else 0.0
+    lse_bound = 1e-3 * max(1.0, lse_ref[finite].abs().max().item() if finite.any() else 1.0)
+    ok = bool(torch.isfinite(o.float()).all()) and rmse <= 1.25 * rmse_tri + 1e-4 and lse_err <= lse_bound and same_inf
+    return {"rmse": f"{rmse:.3e}", "rmse_triton_fp8": f"{rmse_tri:.3e}", "lse_err": f"{lse_err:.2e}",
+            "lse_bound": f"{lse_bound:.2e}", "lse_inf_where_expected": same_inf, "ok": ok}
+
+
+def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True) -> dict[str, object]:
+    """The FP8 kernel twice on the same inputs gives identical bits; a NaN-filled output is overwritten."""
+    from flashlab.kernels.fa3_fp8 import forward as fp8_forward
+
+    pre = _fp8_inputs(B, H, n, n, d, 1)
+    o1, lse1 = fp8_forward(**pre, causal=causal)
+    poisoned = torch.full_like(o1, float("nan"))
+    o2, lse2 = fp8_forward(**pre, causal=causal, out=poisoned)
+    identical = bool(torch.equal(o1, o2)) and bool(torch.equal(lse1, lse2))
+    overwritten = not bool(torch.isnan(o2).any())
+    return {"identical": identical, "nan_overwritten": overwritten, "ok": identical and overwritten}
+
+
+def fp8_correctness() -> list[dict[str, object]]:
+    """Every case of :data:`FP8_CASES`, then the race check at d = 128 and 64: one row each."""
+    rows = []
+    for case in FP8_CASES:
+        B, H, n_q, n_k, d, causal = case
+        row: dict[str, object] = {"case": "fp8", "B": B, "H": H, "N_q": n_q, "N_k": n_k, "d": d, "causal": causal}
+        print("start", _line(row), flush=True)
+        try:
+            row.update(fp8_check_case(*case), status="ok")
+        except Exception as exc:
+            traceback.print_exc()
+            row.update(ok=False, status=f"{type(exc).__name__}: {str(exc)[:160]}")
+        rows.append(row)
+        print(_line(row), flush=True)
+    for d in (128, 64):
+        row = {"case": "fp8_race", "B": 2, "H": 4, "N_q": 1531, "N_k": 1531, "d": d, "causal": True}
+        try:
+            row.update(fp8_race_check(d=d), status="ok")
+        except Exception as exc:
+            traceback.print_exc()
+            row.update(ok=False, status=f"{type(exc).__name__}: {str(exc)[:160]}")
+        rows.append(row)
+        print(_line(row), flush=True)
+    return rows
+
+
+def fp8_speed(ns: tuple[int, ...] = FP8_SPEED_N, d: int = 128) -> list[dict[str, object]]:
+    """Forward TFLOP/s at d, N in ns (B N = 16k tokens, H = 2048 / d), causal and not, one process:
+    the Gluon FP8 kernel (``fa3_fp8``) and the Triton one (``flashlab_fp8``) on inputs quantised
+    beforehand (Q, K per 128 rows, V per head), flashlab's bf16 forward (Triton, autotuned), the
+    Gluon bf16 forward (``fa3``) and cuDNN; ``vs_flashlab``: TFLOP/s over flashlab's bf16."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from flashlab.kernels import flash_attention
+    from flashlab.kernels.fa3_fp8 import forward as fp8_forward, wgmma_v
+    from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    rows = []
+    for n in ns:
+        B, H = paper_shape(n, d)
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+        pre = quantize_qkv(q, k, v, block=FP8_BLOCK, v_block=None)
+        sample = _row_sample(n).cuda()
+        for causal in (False, True):
+            ref = _reference_rows(q, k, v, causal, sample)
+            flops = attention_flops(n, n, d, causal=causal, batch=B * H)
+            impls = {
+                "fa3_fp8": lambda: fp8_forward(**pre, causal=causal)[0],
+                "flashlab_fp8": lambda: flash_attention_fp8(**pre, causal=causal),
+                "flashlab": lambda: flash_attention(q, k, v, causal=causal),
+                "fa3": lambda: forward(q, k, v, causal)[0],
+                "cudnn": lambda: cudnn(q, k, v, causal),
+            }
+            shape_rows = []
+            for name, fn in impls.items():
+                row: dict[str, object] = {"impl": name, "dtype": "float8_e4m3fn" if "fp8" in name else "bfloat16",
+                                          "d": d, "N": n, "B": B, "H": H, "causal": causal}
+                try:
+                    with torch.no_grad():
+                        o = fn()
+                        err = (o[:, :, sample].float() - ref).abs().max().item()
+                        t = time_ms(fn, "cuda")
+                    row.update(ms=round(t, 4), tflops=round(flops / (t * 1e-3) / 1e12, 1), max_err=f"{err:.2e}",
+                               status="ok")
+                except Exception as exc:
+                    row.update(ms="", tflops="", max_err="", status=f"{type(exc).__name__}: {str(exc)[:160]}")
+                shape_rows.append(row)
+            base = next((r["tflops"] for r in shape_rows if r["impl"] == "flashlab" and r["status"] == "ok"), None)
+            for row in shape_rows:
+                row["vs_flashlab"] = round(row["tflops"] / base, 3) if base and row["status"] == "ok" else ""
+                rows.append(row)
+                print(_line(row), flush=True)
+        # the copy of V into the kernel's layout (V^T, keys in P's register order), part of fa3_fp8's time
+        t = time_ms(lambda: wgmma_v(pre["v"]), "cuda")
+        rows.append({"impl": "fa3_fp8_v_layout", "dtype": "float8_e4m3fn", "d": d, "N": n, "B": B, "H": H,
+                     "causal": "", "ms": round(t, 4), "tflops": "", "max_err": "", "status": "ok", "vs_flashlab": ""})
+        print(_line(rows[-1]), flush=True)
+        del q, k, v, pre
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fp8_rmse(seeds: tuple[int, ...] = (0, 1, 2, 3, 4), n: int = 1024, d: int = 128) -> list[dict[str, object]]:
+    """RMSE against exact float64 attention on outlier inputs (reference.fp8.outlier_inputs), one row
+    per seed and method: the per-tensor-scaled baseline (Triton FP8, one descale per head for Q, K,
+    V), the Gluon FP8 kernel per tensor, per block (Q, K per 128 rows, V per head: what it is timed
+    with), per block + Hadamard rotation, and the Gluon bf16 forward."""
+    from flashlab.kernels.fa3_fp8 import fa3_fp8_forward
+    from flashlab.kernels.fp8 import flash_attention_fp8_from, quantize_qkv
+    from flashlab.reference.fp8 import outlier_inputs, rmse
+
+    methods = {  # name -> (impl, block, hadamard); None: bf16
+        "fp8 per-tensor (baseline, triton)": ("triton", None, False),
+        "gluon fp8 per-tensor": ("gluon", None, False),
+        "gluon fp8 per-block, V per head": ("gluon", FP8_BLOCK, False),
+        "gluon fp8 per-block + hadamard, V per head": ("gluon", FP8_BLOCK, True),
+        "gluon bf16": None,
+    }
+    rows: list[dict[str, object]] = []
+    for seed in seeds:
+        q, k, v = outlier_inputs(n, d, seed)
+        exact = attention(q, k, v)
+        qt, kt, vt = (torch.from_numpy(x)[None, None].to("cuda", torch.float32) for x in (q, k, v))
+        for method, how in methods.items():
+            if how is None:
+                o = forward(qt.bfloat16(), kt.bfloat16(), vt.bfloat16(), False)[0]
+            elif how[0] == "triton":
+                o = flash_attention_fp8_from(qt, kt, vt, block=how[1], hadamard=how[2], seed=seed, v_block=None)
+            else:
+                o = fa3_fp8_forward(**quantize_qkv(qt, kt, vt, how[1], how[2], seed, v_block=None))[0]
+            err = rmse(o[0, 0].double().cpu().numpy(), exact)
+            rows.append({"seed": seed, "method": method, "N": n, "d": d, "rmse": float(f"{err:.4e}")})
+            print(f"rmse seed={seed} {method:>44}: {err:.3e}", flush=True)
+    return rows
+
+
+PARTS = ("correctness", "speed", "ablation", "fp8")
+
+
+def _record_isolated(stem: str, target: str, args: tuple, timeout: float, meta: dict, out: str) -> list | None:
+    """Run ``target(*args)`` in its own process (:func:`isolated`) and write its rows as ``stem``."""
+    from flashlab.lab.results import write
+
+    rows, status = isolated(target, args, timeout=timeout)
+    if status != "ok":
+        print(f"{stem}: {status}", flush=True)
+        rows = [{"part": target, "status": f"run {status}"}]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    for p in write(stem, [{k: r.get(k, "") for k in keys} for r in rows], meta, out):
+        print(p, flush=True)
+    return rows if status == "ok" else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab.lab.experiments.fa3", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="results", help="folder for the CSV and JSON records")
     parser.add_argument("--skip-speed", action="store_true", help="run only the correctness cases")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="which parts to run")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("this experiment runs on a CUDA GPU (Hopper, sm_90); none is available")
@@ -241,25 +607,30 @@ def main(argv: list[str] | None = None) -> int:
     meta = provenance(command.strip())
     print(_line(meta), flush=True)
     tag = gpu_slug()
-    rows: list[dict[str, object]] = []
-    working = []  # the ping-pong settings whose smoke test finished and agreed
-    for pingpong in (True, False):
-        result, status = isolated("flashlab.lab.experiments.fa3:smoke", (pingpong,), timeout=120)
-        rows.append({"case": "smoke", "pingpong": pingpong, **(result or {"ok": False}), "status": status})
-        print(_line(rows[-1]), flush=True)
-        if status == "ok" and result["ok"]:
-            working.append(pingpong)
-    if working:
-        result, status = isolated("flashlab.lab.experiments.fa3:correctness", (working[0],), timeout=240)
-        rows += result if status == "ok" else [{"case": "correctness", "pingpong": working[0], "ok": False,
-                                                  "status": status}]
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    rows = [{k: r.get(k, "") for k in keys} for r in rows]
-    for p in write(f"fa3_correctness_{tag}", rows, meta, args.out):
-        print(p, flush=True)
-    ok = all(bool(r["ok"]) for r in rows)
-    print(f"correctness: {sum(bool(r['ok']) for r in rows)}/{len(rows)} ok", flush=True)
-    if not args.skip_speed:
+    parts = [p for p in args.parts if not (args.skip_speed and p != "correctness")]
+    ok = True
+    working = [True, False]  # the ping-pong settings whose smoke test finished and agreed
+    if "correctness" in parts or "speed" in parts:
+        rows: list[dict[str, object]] = []
+        working = []
+        for pingpong in (True, False):
+            result, status = isolated("flashlab.lab.experiments.fa3:smoke", (pingpong,), timeout=120)
+            rows.append({"case": "smoke", "pingpong": pingpong, **(result or {"ok": False}), "status": status})
+            print(_line(rows[-1]), flush=True)
+            if status == "ok" and result["ok"]:
+                working.append(pingpong)
+        if "correctness" in parts and working:
+            result, status = isolated("flashlab.lab.experiments.fa3:correctness", (working[0],), timeout=420)
+            rows += result if status == "ok" else [{"case": "correctness", "pingpong": working[0], "ok": False,
+                                                      "status": status}]
+        if "correctness" in parts:
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            rows = [{k: r.get(k, "") for k in keys} for r in rows]
+            for p in write(f"fa3_correctness_{tag}", rows, meta, args.out):
+                print(p, flush=True)
+            ok = all(bool(r["ok"]) for r in rows)
+            print(f"correctness: {sum(bool(r['ok']) for r in rows)}/{len(rows)} ok", flush=True)
+    if "speed" in parts:
         timed, status = isolated("flashlab.lab.experiments.fa3:speed", (SPEED_D, SPEED_N, tuple(working)), timeout=420)
         if status != "ok":
             timed = [{"impl": "all", "d": "", "N": "", "B": "", "H": "", "causal": "", "ms": "", "tflops": "",
@@ -267,6 +638,16 @@ def main(argv: list[str] | None = None) -> int:
         for p in write(f"fa3_speed_{tag}", timed, meta, args.out):
             print(p, flush=True)
         print(_table(timed) if status == "ok" else timed[0]["status"], flush=True)
+    if "ablation" in parts:
+        rows = _record_isolated(f"fa3_ablation_{tag}", "flashlab.lab.experiments.fa3:ablation", (), 240, meta, args.out)
+        if rows:
+            print(_ablation_table(rows), flush=True)
+    if "fp8" in parts:
+        rows = _record_isolated(f"fa3_fp8_correctness_{tag}", "flashlab.lab.experiments.fa3:fp8_correctness", (),
+                                180, meta, args.out)
+        ok = ok and bool(rows) and all(bool(r["ok"]) for r in rows)
+        _record_isolated(f"fa3_fp8_rmse_{tag}", "flashlab.lab.experiments.fa3:fp8_rmse", (), 120, meta, args.out)
+        _record_isolated(f"fa3_fp8_{tag}", "flashlab.lab.experiments.fa3:fp8_speed", (), 300, meta, args.out)
     return 0 if ok else 1
 
 
