@@ -56,7 +56,7 @@ from flashlab.reference.counting import count_nonmatmul, matmul_equivalent
 from flashlab.sim.occupancy import operand_reads, schedule, warp_exchange
 from flashlab.course.figures.timeline import COLOURS
 
-__all__ = ["ROWS", "Stage", "migration", "bottleneck_migration"]
+__all__ = ["ROWS", "Stage", "migration", "migration_rows", "growth_rows", "bottleneck_migration"]
 
 BLUE, VERMILLION, GREEN, PURPLE = COLOURS
 ORANGE, SKY = "#E69F00", "#56B4E9"
@@ -189,6 +189,35 @@ def migration(B: int = 1, H: int = 16, N: int = 8192, d: int = 128, block: int =
     return [standard, flash1, flash2, flash3]
 
 
+def migration_rows(stages: list[Stage]) -> list[list[str]]:
+    """:func:`migration` as table rows (header first) for ``generations.render_table``: one
+    row per unit, one column per stage, "before -> after" where the next answer moved it."""
+    short = {"standard attention": "standard", "FlashAttention": "FA", "FlashAttention-2": "FA-2",
+             "FlashAttention-3's schedule": "FA-3"}
+    unit = {key: label.split(" (")[0] for key, (label, _) in ROWS.items()}
+    rows = [["time / tensor-core time"] + [f"{s.gpu.name.split()[0]} {s.year}" for s in stages]]
+    for key, (label, _) in ROWS.items():
+        rows.append([label] + ["-" if key not in s.before else f"{s.before[key]:.2f}"
+                               + (f" → {s.after[key]:.2f}" if key in s.after else "") for s in stages])
+    rows.append(["kernel running"] + [short[s.kernel] for s in stages])
+    rows.append(["slowest unit"] + [unit[s.bottleneck] for s in stages])
+    return rows
+
+
+def growth_rows(gpus: list[GPU], base: GPU = A100) -> list[list[str]]:
+    """Each unit's rate on ``gpus`` relative to ``base``, as table rows (header first):
+    tensor cores, HBM, fp32, shared memory and MUFU exponentials (chip totals)."""
+    units = {"tensor cores, 16-bit (FLOP/s)": lambda g: g.peak_flops("bf16"),
+             "HBM bandwidth (bytes/s)": lambda g: g.hbm_bandwidth,
+             "fp32 arithmetic (FLOP/s)": lambda g: g.fp32_flops,
+             "shared memory, all SMs (bytes/s)": lambda g: g.sm_count * g.smem_bytes_per_cycle * g.clock_hz,
+             "exponentials, MUFU (exp/s)": lambda g: g.exp_per_second}
+    rows = [[f"speed relative to the {base.name.split()[0]}"] + [g.name.split()[0] for g in gpus]]
+    for label, rate in units.items():
+        rows.append([label] + [f"{rate(g) / rate(base):.2f}×" for g in gpus])
+    return rows
+
+
 def bottleneck_migration(B: int = 1, H: int = 16, N: int = 8192, d: int = 128) -> Figure:
     """Four panels, one per stage of :func:`migration`: a bar per unit, the time it alone
     would need divided by the tensor-core time (log scale). The slowest unit is drawn
@@ -201,13 +230,13 @@ def bottleneck_migration(B: int = 1, H: int = 16, N: int = 8192, d: int = 128) -
         top = stage.bottleneck
         for y, key in enumerate(keys):
             if key not in stage.before:
-                ax.text(lo * 1.15, y, stage.notes.get(key, "not modelled"), va="center", fontsize=7.5, color="0.55")
+                ax.text(lo * 1.15, y, stage.notes.get(key, "not modelled"), va="center", fontsize=9, color="0.45")
                 continue
             value, colour = stage.before[key], ROWS[key][1]
             ax.barh(y, value - lo, left=lo, height=0.62, color=colour, alpha=1.0 if key == top else 0.38,
                     edgecolor="black" if key == top else "none", linewidth=1.2,
                     hatch="//" if key == "smem_bwd" else None)
-            ax.text(value * 1.08, y, f"{value:.2f}", va="center", fontsize=8.5,
+            ax.text(value * 1.08, y, f"{value:.2f}", va="center", fontsize=9.5,
                     fontweight="bold" if key == top else "normal")
             if key in stage.after:  # the next generation's answer moves this unit to stage.after[key]
                 new = stage.after[key]
@@ -219,16 +248,16 @@ def bottleneck_migration(B: int = 1, H: int = 16, N: int = 8192, d: int = 128) -
         ax.set_xlim(lo, hi)
         ax.xaxis.set_major_locator(FixedLocator([0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10]))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels(["0.05", "0.1", "0.25", "0.5", "1", "2", "5", "10"], fontsize=8.5)
-        ax.set_title(f"{stage.year} · {stage.gpu.name.split()[0]}\n{stage.kernel}", loc="left", fontsize=10.5)
+        ax.set_xticklabels(["0.05", "0.1", "0.25", "0.5", "1", "2", "5", "10"], fontsize=9.5)
+        ax.set_title(f"{stage.year} · {stage.gpu.name.split()[0]}\n{stage.kernel}", loc="left", fontsize=11)
         slowest = f"slowest: {ROWS[top][0].split(' (')[0]}, {stage.before[top]:.2f}"
-        ax.set_xlabel(textwrap.fill(slowest, 40) + "\n" + textwrap.fill(f"→ {stage.answer}", 38), fontsize=9)
+        ax.set_xlabel(textwrap.fill(slowest, 40) + "\n" + textwrap.fill(f"→ {stage.answer}", 38), fontsize=10)
         ax.spines[["top", "right"]].set_visible(False)
     axes[0].set_yticks(range(len(keys)), [ROWS[k][0] for k in keys])
     axes[0].invert_yaxis()
     handles = [Line2D([], [], color="0.2", ls="--", label="1 = the tensor cores' own time for the matmuls"),
                Line2D([], [], marker="o", ls="-", color="0.1", mfc="white", label="after the next generation's answer")]
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, frameon=False, fontsize=9)
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, frameon=False, fontsize=10)
     fig.suptitle(f"The bottleneck migrates. Time each unit alone would need for one forward pass "
                  f"(B={B}, H={H}, N={N}, d={d}), divided by the tensor-core time", fontsize=11.5)
     return fig
