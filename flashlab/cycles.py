@@ -42,7 +42,8 @@ from ._validate import positive_int
 from .hardware import GPU
 
 __all__ = ["Matmul", "forward_matmuls", "backward_matmuls", "forward_tile_cycles",
-           "backward_tile_cycles", "exp_split_cycles", "FMA_PER_CYCLE", "FMA_SOURCE"]
+           "backward_tile_cycles", "exp_split_cycles", "FMA_PER_CYCLE", "FMA_SOURCE",
+           "ALU_PER_CYCLE", "ALU_SOURCE"]
 
 BF16_BYTES = 2  # P, dS, Q, K, V, dO are 16-bit operands
 FP32_BYTES = 4  # the dQ partial sum is float32
@@ -51,6 +52,12 @@ FP32_BYTES = 4  # the dQ partial sum is float32
 FMA_PER_CYCLE = 128
 FMA_SOURCE = ("CUDA C++ Programming Guide, 'Arithmetic Instructions' throughput table: 128 results "
               "per clock per SM for 32-bit floating-point add/multiply/multiply-add on compute capability 9.0 and 10.x")
+# Integer lanes per SM: shifts and integer adds run on the ALU pipe, not the FMA pipe.
+ALU_PER_CYCLE = 64
+ALU_SOURCE = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper: 64 INT32 lanes per SM (16 in each "
+              "of its four partitions) beside 128 FP32; Nsight Compute's Kernel Profiling Guide, "
+              "'Pipelines': the ALU pipe executes integer instructions except IMAD and IMUL, the FMA "
+              "pipe FADD, FMUL and FFMA. B200 is assumed to have the same integer rate")
 
 
 @dataclass(frozen=True)
@@ -167,22 +174,35 @@ def backward_tile_cycles(gpu: GPU, Br: int = 128, Bc: int = 128, d: int = 128,
 
 
 def exp_split_cycles(gpu: GPU, fraction: float, Br: int = 128, Bc: int = 128,
-                     ops_per_exp: int = 7, fma_per_cycle: int = FMA_PER_CYCLE) -> dict[str, float]:
-    """Split a tile's exponentials between MUFU and a software polynomial on the FMA pipe.
+                     fma_ops: int = 6, alu_ops: int = 2, fma_per_cycle: int = FMA_PER_CYCLE,
+                     alu_per_cycle: int = ALU_PER_CYCLE) -> dict[str, float]:
+    """Split a tile's exponentials between MUFU and a software polynomial on the FMA and ALU pipes.
 
-    ``fraction`` of the Br * Bc exps use the polynomial, each costing ``ops_per_exp``
-    FMA-pipe instructions (default 7: floor, subtract, 3 Horner FMAs, shift, integer
-    add); the rest use MUFU. The two pipes run side by side, so the exp stage takes
-    max(mufu, fma) cycles. This model ignores the other softmax work (scaling, row
-    max and sum, conversion to bf16) that also occupies the FMA pipe.
+    ``fraction`` of the Br * Bc exps use the polynomial; the rest use MUFU. Each software
+    exp2 costs ``fma_ops`` FMA-pipe instructions and ``alu_ops`` ALU-pipe instructions. The
+    defaults are FA4's ``ex2_emulation``: three fp32 adds (range reduction by a rounding add)
+    and three Horner FMAs on the FMA pipe; a shift and an integer add (n << 23 into the
+    exponent field) on the ALU pipe. The pipes run side by side, so the exp stage takes
+    max(mufu, fma, alu) cycles. This model ignores the other softmax work (scaling, row max
+    and sum, conversion to bf16) on the same pipes, and that all pipes share the SM's issue
+    slots.
 
     Returns
     -------
-    dict with "mufu", "fma" and "exp" = max of the two (cycles)
+    dict with "mufu", "fma", "alu" and "exp" = the largest of the three (cycles)
     """
     if not 0.0 <= float(fraction) <= 1.0:
         raise ValueError(f"fraction must be in [0, 1]; got {fraction!r}")
     exps = _tile(Br, Bc, 1)[0] * Bc
     mufu = (1.0 - fraction) * exps / gpu.mufu_exp_per_cycle
-    fma = fraction * exps * positive_int("ops_per_exp", ops_per_exp) / positive_int("fma_per_cycle", fma_per_cycle)
-    return {"mufu": mufu, "fma": fma, "exp": max(mufu, fma)}
+    soft = fraction * exps  # exponentials computed by the polynomial
+    fma = soft * _count("fma_ops", fma_ops) / positive_int("fma_per_cycle", fma_per_cycle)
+    alu = soft * _count("alu_ops", alu_ops) / positive_int("alu_per_cycle", alu_per_cycle)
+    return {"mufu": mufu, "fma": fma, "alu": alu, "exp": max(mufu, fma, alu)}
+
+
+def _count(name: str, value: int) -> int:
+    """A non-negative whole number of instructions."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0; got {value!r}")
+    return value

@@ -62,9 +62,15 @@ def test_cycles_come_from_the_operand_table():
 def test_exp_split():
     assert cycles.exp_split_cycles(B200, 0.0)["exp"] == 1024
     s = cycles.exp_split_cycles(B200, 0.25)
-    assert s["mufu"] == 768 and s["fma"] == 0.25 * 16384 * 7 / 128
+    # FA4's ex2_emulation: 3 fp32 adds + 3 FMAs on the FMA pipe; shift + integer add on the ALU pipe
+    assert s["mufu"] == 768 and s["fma"] == 0.25 * 16384 * 6 / 128 and s["alu"] == 0.25 * 16384 * 2 / 64
+    everything = cycles.exp_split_cycles(B200, 1.0, fma_ops=7, alu_ops=3)
+    assert everything["mufu"] == 0 and everything["exp"] == max(16384 * 7 / 128, 16384 * 3 / 64)
+    assert cycles.exp_split_cycles(B200, 0.5, alu_ops=0)["alu"] == 0
     with pytest.raises(ValueError, match="fraction"):
         cycles.exp_split_cycles(B200, 1.5)
+    with pytest.raises(ValueError, match="alu_ops"):
+        cycles.exp_split_cycles(B200, 0.5, alu_ops=-1)
 
 
 # ------------------------------------------------------------------ software exp2
