@@ -39,7 +39,7 @@ def test_environment_yml_matches_pyproject():
 # Third-party modules imported by the package or its tests, and the distribution that
 # provides each (the import name and the name on PyPI differ for some).
 DISTRIBUTION = {"yaml": "pyyaml", "jupyter_client": "jupyter-client", "ml_dtypes": "ml-dtypes", "jupyter_server_mathjax": "jupyter-server-mathjax",
-                "IPython": "ipython"}
+                "IPython": "ipython", "zmq": "pyzmq"}
 
 
 def _third_party_imports() -> set[str]:

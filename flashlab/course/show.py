@@ -37,6 +37,10 @@ def _read(path: str) -> tuple[str, ast.Module]:
     return text, ast.parse(text)
 
 
+#: What a function's source calls where a grader's package copy holds its body.
+HELD = "flashlab._held"
+
+
 def _function(tree: ast.Module, name: str, path: str) -> ast.FunctionDef:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
@@ -68,6 +72,11 @@ def source(path: str, name: str, *, start: str | None = None, stop: str | None =
     text, tree = _read(path)
     node = _function(tree, name, path)
     lines = ast.get_source_segment(text, node).splitlines()
+    if any(HELD in line for line in lines):  # a grader's sandbox: the code is not in this copy
+        out = f"# {path}:{name}: held by the grader while this notebook is graded"
+        if not quiet:
+            print(out)
+        return out
     if body:  # from the line after the docstring (comments before the first statement kept), else after the def
         has_doc = isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
         after = node.body[0].end_lineno if has_doc else node.body[0].lineno - 1

@@ -6,6 +6,7 @@
   sandbox    bubblewrap, resource limits, and the package copy the sandbox sees
   codec      values as data: all that comes back from a submission's kernel
   probes     how an answer computes (which ufuncs, which calls), asked of the student's kernel
+  served     the held functions: forbidden package functions, run by the grader on request
 
 ``python -m flashlab.course.assignments`` is the command line.
 """

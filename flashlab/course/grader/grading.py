@@ -43,7 +43,7 @@ from .notebook import (
     replace_solution_body,
     strip_hidden_tests,
 )
-from .session import FORBIDDEN, Checker, KernelSession, Outcome, defined_names
+from .session import FORBIDDEN, Checker, KernelSession, Outcome, defined_names, held_specs
 
 #: Columns of the grades CSV, in order.
 GRADE_COLUMNS = ("student", "chapter", "exercise", "points", "max_points", "status", "message")
@@ -153,7 +153,7 @@ def package_site(site: Path | None = None) -> Iterator[Path]:
         yield site
         return
     with tempfile.TemporaryDirectory(prefix="flashlab-site-") as tmp:
-        yield sandbox.package_copy(Path(tmp))
+        yield sandbox.package_copy(Path(tmp), held=held_specs(FORBIDDEN))
 
 
 def _read(submission: str | Path | nbformat.NotebookNode) -> nbformat.NotebookNode:

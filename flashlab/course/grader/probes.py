@@ -82,6 +82,21 @@ class _Recorded(np.ndarray):
             return tuple(r.view(_Recorded) if isinstance(r, np.ndarray) else r for r in result)
         return result.view(_Recorded) if isinstance(result, np.ndarray) else result
 
+    def __array_function__(self, func, types, args, kwargs):
+        # np.concatenate, np.stack, np.where, ... keep the watch on what they build from a
+        # watched array (without this, a plain list among the inputs can drop it)
+        result = super().__array_function__(func, tuple(t for t in types if t is not _Recorded) or (np.ndarray,),
+                                            args, kwargs)
+        return _watch(result)
+
+
+def _watch(value):
+    if isinstance(value, np.ndarray) and not isinstance(value, _Recorded):
+        return value.view(_Recorded)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_watch(v) for v in value)
+    return value
+
 
 def ufunc_log(fn, *args, **kwargs) -> list[tuple[str, int]]:
     """Call ``fn`` with its array arguments watched; return every ufunc applied to them.

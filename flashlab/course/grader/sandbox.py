@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,8 +124,14 @@ def require(unsafe_no_sandbox: bool) -> bool:
         "machine you can throw away, pass --unsafe-no-sandbox.")
 
 
-def package_copy(into: Path) -> Path:
-    """Copy the ``flashlab`` package without the grader into ``into/flashlab``; return ``into``."""
+def package_copy(into: Path, held: Iterable[str] = ()) -> Path:
+    """Copy the ``flashlab`` package without the grader into ``into/flashlab``; return ``into``.
+
+    The functions named in ``held`` ("module:qualname") are left out of the copy: their
+    bodies ask the grader to run them (:func:`.served.hold`).
+    """
+    from . import served
+
     target = into / "flashlab"
     skip = {PACKAGE_DIR / rel for rel in EXCLUDED}
 
@@ -133,6 +140,7 @@ def package_copy(into: Path) -> Path:
         return [n for n in names if n == "__pycache__" or here / n in skip or n.endswith(".pyc")]
 
     shutil.copytree(PACKAGE_DIR, target, ignore=ignore)
+    served.hold(target, held)
     return into
 
 

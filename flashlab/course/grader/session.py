@@ -11,9 +11,11 @@ runs the student's function there and brings back what it returned, as data
 an IPython input transformer, a hook, a value whose ``__eq__`` lies, a tests cell
 rewritten on disk) reaches the checks: they see numbers.
 
-While a call for an exercise runs, the package functions that exercise asks the
-student to write themselves (:data:`FORBIDDEN`) raise when called from the
-student's code; the package's own modules may still call them.
+The package functions an exercise asks the student to write themselves
+(:data:`FORBIDDEN`) are not in the kernel at all: the sandbox's package copy holds
+stubs that ask the grader to run them (:mod:`.served`). The grader answers while the
+chapter's cells run and refuses while an exercise that forbids the function is
+checked, so the call raises in the student's code, whoever makes it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import codec, sandbox
+from . import codec, sandbox, served
 from .notebook import BEGIN_HIDDEN, END_HIDDEN
 
 REPLY_MIME = "application/x-flashlab-reply"
@@ -95,6 +97,11 @@ FORBIDDEN.update({
 })
 
 
+def held_specs(forbidden: Mapping[str, Sequence[str]]) -> frozenset[str]:
+    """Every package function some exercise of ``forbidden`` switches off."""
+    return frozenset(spec for specs in forbidden.values() for spec in specs)
+
+
 class KernelDied(RuntimeError):
     """The student's kernel exited (or was stopped) before answering."""
 
@@ -136,7 +143,7 @@ def _source(path: Path) -> str:
 
 
 _AGENT = r'''
-def _flashlab_install(codec_src, probes_src, forbidden_json):
+def _flashlab_install(codec_src, probes_src):
     import json, sys, types
     import numpy as np
     from IPython import get_ipython
@@ -149,45 +156,6 @@ def _flashlab_install(codec_src, probes_src, forbidden_json):
         return mod
 
     codec = module("_flashlab_codec", codec_src)
-    probes = module("_flashlab_probes", probes_src)
-    forbidden = json.loads(forbidden_json)
-    active = set()
-
-    def guarded(original, spec):
-        short = spec.split(":")[1]
-        def guard(*args, **kwargs):
-            caller = sys._getframe(1).f_globals.get("__name__") or ""
-            if spec in active and not (caller == "flashlab" or caller.startswith("flashlab.")):
-                raise RuntimeError(short + " is switched off while this exercise is graded: "
-                                   "the exercise asks you to write it yourself")
-            return original(*args, **kwargs)
-        guard.__name__, guard.__qualname__, guard.__doc__ = original.__name__, original.__qualname__, original.__doc__
-        return guard
-
-    import importlib
-    for spec in sorted({s for specs in forbidden.values() for s in specs}):
-        modname, _, qual = spec.partition(":")
-        try:
-            owner = importlib.import_module(modname)
-            *path, attr = qual.split(".")
-            for part in path:
-                owner = getattr(owner, part)
-            original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
-        except Exception:
-            continue
-        wrapped = guarded(original, spec)
-        setattr(owner, attr, wrapped)
-        if not isinstance(owner, type):
-            for mod in list(sys.modules.values()):
-                name = getattr(mod, "__name__", "") or ""
-                if name == "flashlab" or name.startswith("flashlab."):
-                    for key, value in list(vars(mod).items()):
-                        if value is original:
-                            setattr(mod, key, wrapped)
-                        elif type(value) is dict:  # a registry such as events.SCHEDULES
-                            for k, v in list(value.items()):
-                                if v is original:
-                                    value[k] = wrapped
 
     class Agent:
         def call(self, text):
@@ -197,15 +165,13 @@ def _flashlab_install(codec_src, probes_src, forbidden_json):
                 if request["name"] not in namespace:
                     raise NameError("name " + repr(request["name"]) + " is not defined")
                 fn = namespace[request["name"]]
-                active.update(forbidden.get(request["exercise"], ()))
-                try:
-                    with np.errstate(**request["errstate"]):
-                        if request["probe"]:
-                            value = getattr(probes, request["probe"])(fn, *request["args"], **request["kwargs"])
-                        else:
-                            value = fn(*request["args"], **request["kwargs"])
-                finally:
-                    active.clear()
+                with np.errstate(**request["errstate"]):
+                    if request["probe"]:  # a fresh copy of the probes for every call
+                        fresh = {"__name__": "_flashlab_probes"}
+                        exec(compile(probes_src, "<_flashlab_probes>", "exec"), fresh)
+                        value = fresh[request["probe"]](fn, *request["args"], **request["kwargs"])
+                    else:
+                        value = fn(*request["args"], **request["kwargs"])
                 reply = codec.dumps({"ok": value})
             except KeyboardInterrupt:
                 raise
@@ -232,6 +198,7 @@ class KernelSession:
         Seconds the whole notebook may take; past it the kernel is stopped.
     forbidden : mapping
         Exercise name -> package functions switched off while its tests call the student's code.
+        The package copy must hold them (:func:`.sandbox.package_copy`'s ``held``).
     """
 
     def __init__(self, *, site: Path | None, notebook: Path | None = None, cell_timeout: float,
@@ -242,6 +209,7 @@ class KernelSession:
         self.cell_timeout, self.notebook_timeout = cell_timeout, notebook_timeout
         self.triton_interpret, self.sandboxed, self.limits = triton_interpret, sandboxed, limits
         self.forbidden = dict(FORBIDDEN if forbidden is None else forbidden)
+        self._server = served.Server(held_specs(FORBIDDEN) | held_specs(self.forbidden))
         self.stopped: str | None = None  # why the kernel stopped early, if it did
         self._timeouts_in_a_row = 0
         self._launch: sandbox.Launch | None = None
@@ -267,7 +235,7 @@ class KernelSession:
             self._client = client
             self._wait_ready()
             bootstrap = (_AGENT + f"\n_flashlab_install({_source(Path(codec.__file__))!r}, "
-                         f"{_source(Path(__file__).with_name('probes.py'))!r}, {json.dumps(self.forbidden)!r})\n"
+                         f"{_source(Path(__file__).with_name('probes.py'))!r})\n"
                          "del _flashlab_install\n")
             run = self._execute(bootstrap, START_TIMEOUT_S, store_history=False)
             if not run.outcome.ok:
@@ -311,6 +279,7 @@ class KernelSession:
                 pass
 
     def close(self) -> None:
+        self._server.close()
         if self._client is not None:
             try:
                 self._client.stop_channels()
@@ -327,15 +296,26 @@ class KernelSession:
     def _budget(self, timeout: float) -> float:
         return max(0.0, min(timeout, self._deadline - time.monotonic()))
 
-    def _execute(self, code: str, timeout: float, store_history: bool = True) -> _Run:
-        """Send ``code``, collect its outputs until the kernel is idle again, or time out."""
+    def _execute(self, code: str, timeout: float, store_history: bool = True,
+                 refused: frozenset[str] = frozenset()) -> _Run:
+        """Send ``code``, collect its outputs until the kernel is idle again, or time out.
+
+        Meanwhile answer the held functions' calls (``input()`` requests on the stdin
+        channel), refusing those in ``refused``; any other ``input()`` gets ``""``.
+        """
+        import zmq
+
         if self.stopped:
             return _Run(Outcome(False, "NotRun", self.stopped))
         if not self.alive():
             self.stopped = "the kernel died"
             return _Run(Outcome(False, "NotRun", "Kernel died before the cell ran"))
         client = self._client
-        msg_id = client.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
+        msg_id = client.execute(code, store_history=store_history, allow_stdin=True, stop_on_error=False)
+        poller = zmq.Poller()
+        channels = (client.stdin_channel, client.iopub_channel, client.shell_channel)
+        for channel in channels:
+            poller.register(channel.socket, zmq.POLLIN)
         run = _Run(Outcome(True))
         kept = 0
         reply: dict | None = None
@@ -358,12 +338,18 @@ class KernelSession:
             if not self.alive():
                 self.stopped = "the kernel died"
                 return _Run(Outcome(False, "DeadKernelError", "Kernel died while running the cell"), run.outputs)
-            wait = min(0.5, deadline - now)
-            if not idle:
-                try:
-                    msg = client.get_iopub_msg(timeout=wait)
-                except Exception:  # noqa: BLE001 - queue.Empty
-                    continue
+            ready = dict(poller.poll(int(1000 * min(0.5, deadline - now)) + 1))
+            if client.stdin_channel.socket in ready:
+                msg = client.stdin_channel.get_msg(timeout=0)
+                if msg.get("msg_type") == "input_request":
+                    prompt = str(msg.get("content", {}).get("prompt", ""))
+                    answer = ""
+                    if prompt.startswith(served.PREFIX):
+                        answer = self._server.call(prompt[len(served.PREFIX):], refused,
+                                                   timeout=max(0.0, deadline - time.monotonic()))
+                    client.input(answer)
+            if client.iopub_channel.socket in ready and not idle:
+                msg = client.iopub_channel.get_msg(timeout=0)
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
                 kind, content = msg["msg_type"], msg["content"]
@@ -378,13 +364,12 @@ class KernelSession:
                     if kept + size <= OUTPUT_CAP:
                         kept += size
                         run.outputs.append(_output(kind, content))
-                continue
-            try:
-                msg = client.get_shell_msg(timeout=wait)
-            except Exception:  # noqa: BLE001
-                continue
-            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
-                reply = msg["content"]
+            elif idle and client.iopub_channel.socket in ready:
+                client.iopub_channel.get_msg(timeout=0)  # a late message of another request
+            if client.shell_channel.socket in ready:
+                msg = client.shell_channel.get_msg(timeout=0)
+                if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
+                    reply = msg["content"]
         if interrupted:
             self._timeouts_in_a_row += 1
             if self._timeouts_in_a_row >= 2:
@@ -428,7 +413,8 @@ class KernelSession:
         """
         request = codec.dumps({"name": name, "args": tuple(args), "kwargs": dict(kwargs), "exercise": exercise,
                                "probe": probe, "errstate": {k: v for k, v in np.geterr().items()}}, objects=True)
-        run = self._execute(f"__flashlab__.call({request!r})", timeout, store_history=False)
+        run = self._execute(f"__flashlab__.call({request!r})", timeout, store_history=False,
+                            refused=frozenset(self.forbidden.get(exercise, ())))
         if run.outcome.ename in ("NotRun", "DeadKernelError"):
             raise KernelDied(run.outcome.evalue)
         if run.outcome.ename == "TimeoutError":
