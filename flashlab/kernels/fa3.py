@@ -56,6 +56,18 @@ MAXNREG = 168
 CONSUMER_REGS = gl.constexpr(240)
 PRODUCER_REGS = gl.constexpr(24)
 
+# Time stamps (STAMPS=True; the ping-pong chart of chapter 6, flashlab.lab.experiments.fa3_timeline):
+# each partition notes when it begins each phase of key block j. Consumers: wait for K_j, wait
+# for the turn, issue S_j = Q K_j^T, rescale O, wait for V_j, issue O += P_j V_j, wait for S_j,
+# softmax of S_j, wait for P_j V_j, convert P_j to the GEMM's operand, write O. Producer: issue
+# Q's loads, wait for a free K slot, issue K_j's load, the same for V_j. "done" closes the last.
+STAMP_PHASES = ("wait_k", "wait_turn", "issue_s", "rescale", "wait_v", "issue_pv", "wait_s", "softmax",
+                "wait_pv", "convert", "write", "load_q", "wait_slot_k", "load_k", "wait_slot_v", "load_v", "done")
+(_WAIT_K, _WAIT_TURN, _ISSUE_S, _RESCALE, _WAIT_V, _ISSUE_PV, _WAIT_S, _SOFTMAX, _WAIT_PV, _CONVERT, _WRITE,
+ _LOAD_Q, _WAIT_SLOT_K, _LOAD_K, _WAIT_SLOT_V, _LOAD_V, _DONE) = (gl.constexpr(p) for p in range(len(STAMP_PHASES)))
+STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
+STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _stamp
+
 
 def config(d: int) -> dict:
     """Tile sizes and ring depth for head dimension ``d``. Shared memory per CTA:
@@ -65,13 +77,34 @@ def config(d: int) -> dict:
 
 
 @gluon.jit
+def _stamp(STAMP, STAMP_AT: gl.constexpr, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.constexpr):
+    """STAMPS: partition PART (:data:`STAMP_PARTS`) of program STAMP_AT (pid0 + pid1 * grid0) begins
+    phase PHASE (:data:`STAMP_PHASES`) of key block j now. One thread writes (%globaltimer ns,
+    %clock64 cycles of this SM) to STAMP[j, PHASE, PART, :] of an int64 (n_blocks + 1, STAMP_SLOTS,
+    3, 2) buffer; a slot no stamp reaches stays as the caller filled it. Every program reads the
+    clocks, so the stamped tile runs the same instructions as its neighbours."""
+    if STAMPS:
+        ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                       pack=1)
+        cycles = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False,
+                                           pack=1)
+        here = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0) == STAMP_AT
+        slot = STAMP + ((j * STAMP_SLOTS + PHASE) * 3 + PART) * 2
+        gl.store(slot, ns, mask=here)
+        gl.store(slot + 1, cycles, mask=here)
+
+
+@gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, q_row0, kv_row0, v_row0, n_blocks,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr):
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr,
+              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Algorithm 1's producer: load Q_i, then K_j, V_j into stage j % s of the ring, j < n_blocks.
     (Its register deallocation is warp_specialize's worker_num_regs.) V_j is rows
     v_row0 + j Bc + [0, Bc) of V's (B * H * N_k, d) view, or, V_KEYS_CONTIGUOUS (the FP8 kernel,
-    :mod:`.fa3_fp8`), columns j Bc + [0, Bc) of rows v_row0 + [0, d) of V^T's (B * H * d, N_k) view."""
+    :mod:`.fa3_fp8`), columns j Bc + [0, Bc) of rows v_row0 + [0, d) of V^T's (B * H * d, N_k) view.
+    STAMPS: time stamps of each phase (:func:`_stamp`)."""
     q_bar, k_full, k_empty, v_full, v_empty = bars
+    _stamp(STAMP, STAMP_AT, 2, _LOAD_Q, 0, STAMPS)
     for w in gl.static_range(2):  # "issue load Q_i": both consumers' tiles, Br rows each; q_bar signals completion
         mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
         _tma_load(desc_q, [q_row0 + w * BLOCK_M, 0], q_bar.index(w), q_smem.index(w))
@@ -80,17 +113,22 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, q_row0, kv_r
         phase = (j // STAGES) & 1
         # "wait for the (j % s)th stage to be consumed": both consumers released it; a fresh
         # barrier passes phase 1 at once, so the first s loads go ahead
+        _stamp(STAMP, STAMP_AT, 2, _WAIT_SLOT_K, j, STAMPS)
         mbarrier.wait(k_empty.index(stage), phase ^ 1)
         # "issue loads of K_j, V_j ... upon completion, notify consumers": the full barrier
         # completes when the TMA engine has written the expected bytes
+        _stamp(STAMP, STAMP_AT, 2, _LOAD_K, j, STAMPS)
         mbarrier.expect(k_full.index(stage), desc_k.block_type.nbytes)
         _tma_load(desc_k, [kv_row0 + j * BLOCK_N, 0], k_full.index(stage), k_smem.index(stage))
+        _stamp(STAMP, STAMP_AT, 2, _WAIT_SLOT_V, j, STAMPS)
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        _stamp(STAMP, STAMP_AT, 2, _LOAD_V, j, STAMPS)
         mbarrier.expect(v_full.index(stage), desc_v.block_type.nbytes)
         if V_KEYS_CONTIGUOUS:
             _tma_load(desc_v, [v_row0, j * BLOCK_N], v_full.index(stage), v_smem.index(stage))
         else:
             _tma_load(desc_v, [v_row0 + j * BLOCK_N, 0], v_full.index(stage), v_smem.index(stage))
+    _stamp(STAMP, STAMP_AT, 2, _DONE, n_blocks, STAMPS)
 
 
 @gluon.jit
@@ -154,11 +192,13 @@ def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale
 @gluon.jit
 def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,
               CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+              HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Algorithm 2, the consumer warpgroup WG: query rows m0 + WG * Br + [0, Br) of the tile.
     (Its register reallocation is warp_specialize's worker_num_regs and the kernel's maxnreg.)
     OVERLAP=False is the ablation without intra-warpgroup overlap: each step waits for both GEMMs
-    before its softmax, so the softmax never runs beside this warpgroup's own GEMMs."""
+    before its softmax, so the softmax never runs beside this warpgroup's own GEMMs.
+    STAMPS: time stamps of each phase (:func:`_stamp`)."""
     q_bar, k_full, k_empty, v_full, v_empty = bars
     # wgmma accumulators: S (Br, Bc) and O (Br, d) spread over the warpgroup's 128 threads
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -188,30 +228,43 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, 
             mbarrier.arrive(turn.index(0), count=1)
 
     # "wait for Q_i and K_0; S_cur = Q_i K_0^T, commit and wait; release K_0; m_i, P_cur, l_i from S_cur"
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_K, 0, STAMPS)
     mbarrier.wait(q_bar.index(WG), 0)
     mbarrier.wait(k_full.index(0), 0)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, 0, STAMPS)
     t = _take_turn(turn, t, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _ISSUE_S, 0, STAMPS)
     s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_S, 0, STAMPS)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(0), count=1)
+    _stamp(STAMP, STAMP_AT, WG, _SOFTMAX, 0, STAMPS)
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, rows, cols, 0, N_K, causal_offset, qk_scale,
                                        _needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
+    _stamp(STAMP, STAMP_AT, WG, _CONVERT, 0, STAMPS)
     p = gl.convert_layout(p.to(dtype), p_layout)  # P_cur (Br, Bc) in q's dtype
 
     for j in range(1, n_blocks):
         stage = j % STAGES
         prev = (j - 1) % STAGES
         # "wait for K_j; S_next = Q_i K_j^T, commit but do not wait"
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_K, j, STAMPS)
         mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, j, STAMPS)
         t = _take_turn(turn, t, WG, PINGPONG)
+        _stamp(STAMP, STAMP_AT, WG, _ISSUE_S, j, STAMPS)
         s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         # "rescale O_i" by exp2(m_old - m) of the last softmax, while the tensor cores compute S_next
+        _stamp(STAMP, STAMP_AT, WG, _RESCALE, j - 1, STAMPS)
         o = o * gl.convert_layout(alpha, row_o)[:, None]
         # "wait for V_{j-1}; O_i = O_i + P_cur V_{j-1}, commit but do not wait"
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_V, j - 1, STAMPS)
         mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+        _stamp(STAMP, STAMP_AT, WG, _ISSUE_PV, j - 1, STAMPS)
         o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_S, j, STAMPS)
         if OVERLAP:
             # "wait for the WGMMA Q_i K_j^T" (wgmma groups finish in order: P_cur V_{j-1} may still run)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -219,24 +272,34 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, 
             o, s, p = warpgroup_mma_wait(0, deps=(o_tok, s_tok, p))
         mbarrier.arrive(k_empty.index(stage), count=1)  # "release the (j % s)th stage ... for K"
         # "compute m_i, P_next and l_i based on S_next"
+        _stamp(STAMP, STAMP_AT, WG, _SOFTMAX, j, STAMPS)
         start_n = j * BLOCK_N
         p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale,
                                                 _needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_PV, j - 1, STAMPS)
         if OVERLAP:  # "wait for the WGMMA P_cur V_{j-1}"
             o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(prev), count=1)  # "release the ((j - 1) % s)th stage ... for V"
+        _stamp(STAMP, STAMP_AT, WG, _CONVERT, j, STAMPS)
         p = gl.convert_layout(p_next.to(dtype), p_layout)  # "copy S_next to S_cur", as P
 
     # "wait for V_{Tc-1}; O_i = O_i + P_cur V_{Tc-1}, commit and wait", after the last rescale
     last = (n_blocks - 1) % STAGES
+    _stamp(STAMP, STAMP_AT, WG, _RESCALE, n_blocks - 1, STAMPS)
     o = o * gl.convert_layout(alpha, row_o)[:, None]
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_V, n_blocks - 1, STAMPS)
     mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, n_blocks, STAMPS)  # turn n_blocks: the last P V's
     t = _take_turn(turn, t, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _ISSUE_PV, n_blocks - 1, STAMPS)
     o_tok = warpgroup_mma(p, v_smem.index(last), o, is_async=True)
     _pass_turn(turn, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_PV, n_blocks - 1, STAMPS)
     o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(last), count=1)
+    _stamp(STAMP, STAMP_AT, WG, _WRITE, n_blocks - 1, STAMPS)
     _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
+    _stamp(STAMP, STAMP_AT, WG, _DONE, n_blocks, STAMPS)
 
 
 @gluon.jit
@@ -303,22 +366,26 @@ def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
 @gluon.jit
 def _fa3_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+                STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+                STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Grid (query tiles of 2 Br rows, B * H). Q, K, V come as 2-D views (B * H * N, d): rows past
-    a head's N belong to the next head (or are zero past the end) and are masked like any tail."""
+    a head's N belong to the next head (or are zero past the end) and are masked like any tail.
+    STAMPS: program STAMP_AT writes the time stamps of its phases into STAMP (:func:`_stamp`)."""
     bh = gl.program_id(1)
     m0 = _tile_rows(CAUSAL, 2 * BLOCK_M)
     n_blocks = _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
     q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES)
     o_row0 = bh * N_Q  # this head's first row in the (B * H * N_q, d) views of Q and O
     kv_row0 = bh * N_K
-    gl.warp_specialize([
-        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,  # default
-                     CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP)),  # partition: 4 warps
-        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,
-                     CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP)),
-        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0, kv_row0, n_blocks,
-                     BLOCK_M, BLOCK_N, STAGES, False)),
+    gl.warp_specialize([  # the default partition (4 warps) is consumer 0
+        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K,
+                     n_blocks, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                     PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K,
+                     n_blocks, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                     PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0,
+                     kv_row0, n_blocks, BLOCK_M, BLOCK_N, STAGES, False, STAMP, STAMP_AT, STAMPS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -445,20 +512,23 @@ def compile_for_sm90(kernel, signature: dict[str, str], constexprs: dict[str, ob
 
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, pingpong: bool = True,
-                 overlap: bool = True):
+                 overlap: bool = True, stamps: bool = False):
     """Compile the kernel for sm_90 without a GPU, with the argument types :func:`forward` launches
     it with, and return Triton's CompiledKernel (``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
-    ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled."""
+    ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled. ``stamps``: the
+    build with time stamps (STAMPS=True, an int64 STAMP buffer; :func:`_stamp`)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = config(d)
     gl_dtype = _GL_DTYPES[dtype]
-    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c)
+    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
+                      STAMP_AT=0, STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
     signature = {"desc_q": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
                  "desc_k": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
                  "desc_v": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
                  "O": f"*{gl_dtype}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32",
-                 **{k: "constexpr" for k in constexprs}}
-    return compile_for_sm90(_fa3_kernel, signature, constexprs, (3, 4), NUM_WARPS, MAXNREG)
+                 **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
+    pointers = tuple(_fa3_kernel.arg_names.index(name) for name in ("O", "LSE") + (("STAMP",) if stamps else ()))
+    return compile_for_sm90(_fa3_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)
