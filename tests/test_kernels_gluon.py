@@ -56,6 +56,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
     try:
         if dtype == "float8_e4m3fn":  # the FP8 kernel
             k = fa3_fp8.compile_sm90(d, causal)
+        elif pingpong == "stamps":  # the build with time stamps
+            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, stamps=True)
         elif isinstance(pingpong, str):  # an ablation schedule
             k = fa3_schedules.compile_sm90(pingpong, getattr(torch, dtype), d, causal)
         else:
@@ -80,6 +82,7 @@ def _builds() -> dict:
     wanted = [(str(t).removeprefix("torch."), d, c, True) for t, d, c in COMBOS] + [("bfloat16", 128, False, False)]
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
+    wanted += [("bfloat16", 128, False, "stamps")]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True, env=env,
                          timeout=600)
@@ -150,6 +153,20 @@ def test_pingpong_adds_the_turn_barriers():
     waits = lambda k: k.asm["ptx"].count("mbarrier.try_wait")
     arrives = lambda k: len(re.findall(r"mbarrier\.arrive\.shared", k.asm["ptx"]))
     assert waits(on) > waits(off) and arrives(on) > arrives(off)
+
+
+def test_time_stamps_are_compiled_only_when_asked():
+    """STAMPS=True reads %globaltimer and the SM's %clock64 at each phase and stores them; the
+    default build reads neither. The stamped build keeps the partitions and the register budgets.
+    (It may spill a few registers to the stack, which the default build must not: see
+    test_compiled_code_has_fa3_structure.)"""
+    stamped, plain = _compiled(torch.bfloat16, 128, False, "stamps"), _compiled(torch.bfloat16, 128, False)
+    assert "%globaltimer" in stamped.asm["ptx"] and "%clock64" in stamped.asm["ptx"]
+    assert "%globaltimer" not in plain.asm["ptx"] and "%clock64" not in plain.asm["ptx"]
+    assert "ttg.warp_specialize" in stamped.asm["ttgir"]
+    ptx = stamped.asm["ptx"]
+    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
 
 
 def test_config_fits_shared_memory():
@@ -398,3 +415,29 @@ def test_fp8_impl_gluon_through_the_public_entry_point():
     torch.testing.assert_close(o_from, o_gluon, rtol=0, atol=0)
     with pytest.raises(ValueError, match="impl"):
         flash_attention_fp8(**pre, impl="cutlass")
+
+
+# --------------------------------------------------------------- the time stamps, on the GPU
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+def test_time_stamps_show_the_pingpong():
+    """One stamped tile (the middle program) of 16 key blocks: the result is the unstamped
+    kernel's, bit for bit; every partition took every stamp and, in the order the kernel runs its
+    phases, the SM's clock never goes back; the consumers' softmax phases alternate, and while one
+    is in its softmax the other has a GEMM of S in flight (ping-pong)."""
+    from flashlab.lab.experiments import fa3_timeline as timeline
+
+    g = torch.Generator(device="cpu").manual_seed(6)
+    q, k, v = (torch.randn(2, 4, 2048, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    o, lse2, stamps = timeline.stamped_forward(q, k, v, at=(3, 4))
+    o_plain, lse_plain = fa3.forward(q, k, v, False)
+    assert torch.equal(o, o_plain) and torch.equal(lse2, lse_plain), "the stamps changed the result"
+    rows = timeline.phases(stamps)  # raises if a stamp is missing
+    for part in fa3.STAMP_PARTS:
+        mine = [r for r in rows if r["partition"] == part]
+        assert len(mine) == len(timeline.program_order(16, fa3.STAMP_PARTS.index(part))) - 1
+        assert all(r["end_us"] >= r["start_us"] for r in mine), f"{part}: a phase ends before it starts"
+    checks = timeline.interleaving(rows)
+    assert checks["softmax_alternation"] >= 0.8, checks
+    assert checks["softmax_under_other_gemm"] >= 0.8, checks

@@ -41,6 +41,7 @@ EXPERIMENTS: dict[str, str] = {
     "fp8rescale": "flashlab.lab.experiments.fp8:rescaling",
     "fp8pipeline": "flashlab.lab.experiments.fp8:pipelines",
     "fa4": "flashlab.lab.experiments.fa4:run",
+    "fa3timeline": "flashlab.lab.experiments.fa3_timeline:run",
 }
 
 
