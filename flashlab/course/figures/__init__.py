@@ -40,6 +40,7 @@ FIGURES: dict[str, str] = {
     "conditional_rescaling": "fa4:conditional_rescaling",
     "fa4_variants_h200": "fa4:variants_h200",
     "pingpong": "fa3:pingpong",
+    "pingpong_measured_h200": "fa3_timeline:pingpong_measured",
     "schedules_utilisation": "fa3:schedules_utilisation",
     "fp8_incoherent": "fa3:fp8_incoherent",
     "pipelining_h200": "fa3:pipelining_h200",

@@ -41,19 +41,30 @@ _OWNER = {"producer": "0.55", "WG1": COLOURS[0], "WG2": COLOURS[1]}
 _HATCH = {"load": "", "G0": "", "softmax": "///", "G1": ""}
 _ALPHA = {"load": 0.85, "G0": 0.95, "softmax": 0.85, "G1": 0.6}
 _SHORT = {"load": "", "G0": "S", "softmax": "e", "G1": "O"}  # bar labels: S = QK^T, e = exp, O += PV
+# Colours by phase (by_phase=True): loads, the two GEMMs, the softmax, and what only a measured
+# warpgroup shows: issuing wgmma instructions and waiting on a barrier or a GEMM
+PHASE_COLOURS = {"load": "0.55", "G0": COLOURS[0], "softmax": COLOURS[1], "G1": COLOURS[2], "issue": "0.2",
+                 "wait": "0.86"}
 
 
-def _gantt(ax, timeline: Timeline, title: str) -> None:
-    lanes = list(_LANES)
+def _gantt(ax, timeline: Timeline, title: str, lanes: dict[str, str] = _LANES, by_phase: bool = False,
+           busy: bool = True, min_label: float = 0.0) -> None:
+    """One bar per event on the lane of its resource (``lanes``: resource -> label, top to bottom),
+    coloured by owner, or by phase (``by_phase``, :data:`PHASE_COLOURS`); labelled S/e/O + block
+    where at least ``min_label`` long; ``busy``: the tensor core's utilisation in the title."""
+    keys = list(lanes)
     for e in timeline.events:
-        y = len(lanes) - 1 - lanes.index(e.resource)
-        ax.barh(y, e.end - e.start, left=e.start, height=0.7, color=_OWNER[e.owner], alpha=_ALPHA[e.kind],
-                hatch=_HATCH[e.kind], edgecolor="white", lw=0.8)
-        ax.text((e.start + e.end) / 2, y, f"{_SHORT[e.kind]}{e.task.split('_')[-1]}", ha="center",
-                va="center", fontsize=MIN_FONT, color="black" if e.kind == "G1" else "white")
-    ax.set_yticks(range(len(lanes)), [_LANES[r] for r in reversed(lanes)], fontsize=MIN_FONT)
+        y = len(keys) - 1 - keys.index(e.resource)
+        colour = PHASE_COLOURS[e.kind] if by_phase else _OWNER[e.owner]
+        ax.barh(y, e.end - e.start, left=e.start, height=0.7, color=colour, alpha=_ALPHA.get(e.kind, 1.0),
+                hatch=_HATCH.get(e.kind, ""), edgecolor="white", lw=0.8)
+        if e.kind in _SHORT and e.end - e.start >= min_label:
+            ax.text((e.start + e.end) / 2, y, f"{_SHORT[e.kind]}{e.task.split('_')[-1]}", ha="center",
+                    va="center", fontsize=MIN_FONT, color="black" if e.kind == "G1" else "white")
+    ax.set_yticks(range(len(keys)), [lanes[r] for r in reversed(keys)], fontsize=MIN_FONT)
     ax.tick_params(axis="x", labelsize=MIN_FONT)
-    ax.set_title(f"{title}: tensor core busy {timeline.utilisation():.0%}", loc="left", fontsize=_TITLE)
+    util = f": tensor core busy {timeline.utilisation():.0%}" if busy else ""
+    ax.set_title(f"{title}{util}", loc="left", fontsize=_TITLE)
     ax.spines[["top", "right"]].set_visible(False)
 
 
