@@ -16,6 +16,7 @@ result of P V may be ready earlier), so it is an upper bound of the tensor core'
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -39,7 +40,7 @@ _SIM_LANE = {"WG1": "c0", "WG2": "c1"}
 # measured phase -> bar kind; what is not named is a wait (for a barrier, a turn or a GEMM)
 _KIND = {"softmax": "softmax", "rescale": "softmax", "convert": "softmax", "write": "softmax",
          "issue_s": "issue", "issue_pv": "issue", "load_q": "load", "load_k": "load", "load_v": "load"}
-_PHASE_LABELS = {"G0": "S = QKᵀ", "softmax": "softmax (e)", "G1": "O += PV", "load": "TMA load issued",
+_PHASE_LABELS = {"G0": "S = QKᵀ", "softmax": "softmax (e)", "G1": "O += PV", "load": "TMA load (measured: issue)",
                  "issue": "issuing wgmma", "wait": "waiting"}
 
 
@@ -109,7 +110,9 @@ def pingpong_measured(stem: str = STEM, results_dir: str | Path | None = None, b
     if recorded is not None:
         events, origin, measured_span = measured_timeline(recorded.rows, blocks=blocks)
         span = max(span, measured_span)
-    min_label = 0.06 * span  # a label fits a bar of about 0.4 inch
+    if sim_span < span:  # the simulated blocks are shorter: simulate enough of them to fill the axis
+        sim_events, sim_origin, _, util = simulated_timeline(blocks=math.ceil(blocks * span / sim_span))
+    min_label = 0.035 * span  # a label such as "S9" fits a bar of about 0.2 inch (6 inches: the span)
     _gantt(top, _window(sim_events, sim_origin, span), f"simulator, pingpong_intra: tensor core busy {util:.0%}",
            LANES, by_phase=True, busy=False, min_label=min_label)
     if recorded is not None:
