@@ -63,7 +63,9 @@ def block_sizes(sram_size: int, d: int) -> tuple[int, int]:
 
     The 4d in the denominator leaves room in SRAM for four blocks of about
     M / 4d rows of d numbers each: Q_i, K_j, V_j and O_i. Capping Br at d keeps
-    the score tile S_ij (Br x Bc numbers) within about M as well.
+    the score tile S_ij (Br x Bc numbers) within M / 4, no larger than K_j; the
+    rule does not count that tile (nor l_i, m_i), so it sizes the blocks up to a
+    constant factor rather than promising that a whole step fits in M.
 
     Parameters
     ----------
