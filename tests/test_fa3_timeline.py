@@ -52,6 +52,17 @@ def test_phases_follow_the_program_order_in_microseconds():
     assert softmax["end_us"] - softmax["start_us"] == pytest.approx(900 * 0.5e-3, rel=0.02)  # fitted clock
 
 
+def test_phase_means_and_period_of_the_steady_blocks():
+    rows = timeline.phases(made_up_stamps(10))
+    means = timeline.phase_means(rows)
+    assert means["consumer 0", "softmax"] == pytest.approx(900 * 0.5e-3, rel=0.02)
+    assert means["producer", "load_k"] == pytest.approx(40 * 0.5e-3, rel=0.05)
+    block = sum(CYCLES[p] for _, p in timeline.program_order(10, 0) if _ == 5) * 0.5e-3
+    assert timeline.period(rows) == pytest.approx(block, rel=0.02)  # one block's phases, in a row
+    with pytest.raises(ValueError, match="key blocks"):
+        timeline.period(timeline.phases(made_up_stamps(3)))
+
+
 def test_a_missing_stamp_is_refused():
     s = made_up_stamps(4)
     s[2, fa3.STAMP_PHASES.index("softmax"), 1] = 0

@@ -412,7 +412,7 @@ CLAIMS: list[Claim] = [
        ours="8.59e-3 (NumPy emulation)", note="close, from a different test distribution"),
     _C("fp8_rmse_ratio", "06_flashattention3",
        "That is about 2.6 times lower error.", "约 2.6 分之一", "2.6", f"S0 §4.6, S1; {FA3} §4.3", "differs",
-       ("06_flashattention3.ipynb", "(paper: 2.6 ×; our emulation: about 1.7 ×"), ours="1.7× (emulation and the H200 FP8 kernel)",
+       ("06_flashattention3.ipynb", "(paper 2.6 ×, ours 1.7 ×)"), ours="1.7× (emulation and the H200 FP8 kernel)",
        note="the rotation does most of the work in our test; the paper's baseline error is larger"),
     _C("fa3_speedups", "06_flashattention3",
        "FA3's forward is 1.5–2.0 times and its backward 1.5–1.75 times faster than FA2.", "1.5–2.0 / 1.5–1.75 倍",

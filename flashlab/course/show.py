@@ -113,11 +113,17 @@ def _comment_above(line: str) -> list[str]:
     return [f"{indent}# {note}", code.rstrip()]
 
 
+#: Lines an excerpt leaves out: the kernel's time stamps (``_stamp(...)``, compiled only when
+#: ``STAMPS`` is on), which measure the code and are not part of the algorithm shown.
+EXCERPT_HIDDEN = ("_stamp(",)
+
+
 def excerpt(path: str, name: str, *, start: str | None = None, stop: str | None = None,
             body: bool = True, quiet: bool = False) -> str:
     """A short excerpt of top-level function ``name`` in ``flashlab/<path>``, cut as in
     :func:`source` (``body=True`` by default: no signature, no docstring), dedented and
-    displayed as a highlighted Python block. Returns the excerpt's text.
+    displayed as a highlighted Python block, without the lines of :data:`EXCERPT_HIDDEN`.
+    Returns the excerpt's text.
 
     A line wider than :data:`EXCERPT_WIDTH` with a trailing comment has the comment moved
     to its own line above it. Raises ValueError if the excerpt is longer than
@@ -127,7 +133,7 @@ def excerpt(path: str, name: str, *, start: str | None = None, stop: str | None 
 
     text = source(path, name, start=start, stop=stop, body=body, quiet=True)
     text = textwrap.dedent(text).strip("\n")
-    lines = text.splitlines()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith(EXCERPT_HIDDEN)]
     where = f"{path}:{name}"
     if len(lines) > EXCERPT_LINES:
         raise ValueError(f"an excerpt of {where} must be at most {EXCERPT_LINES} lines; got "

@@ -33,7 +33,8 @@ from flashlab.kernels import fa3
 from flashlab.kernels._common import LOG2E
 from flashlab.lab.measure import gpu_tag, paper_shape, provenance, time_ms
 
-__all__ = ["COLUMNS", "D", "N", "interleaving", "phases", "program_order", "run", "stamped_forward"]
+__all__ = ["COLUMNS", "D", "N", "interleaving", "period", "phase_means", "phases", "program_order", "run",
+           "stamped_forward"]
 
 D, N = 128, 8192  # the paper's ablation shape (FA3 §4.3)
 COLUMNS = ("partition", "block", "phase", "start_us", "end_us")
@@ -142,6 +143,27 @@ def interleaving(rows: list[dict[str, object]], skip: int = 2) -> dict[str, floa
             a, b = soft[me][j]
             covered.append(any(s < b and e > a for s, e in in_flight))
     return {"softmax_alternation": round(changes, 3), "softmax_under_other_gemm": round(float(np.mean(covered)), 3)}
+
+
+def phase_means(rows: list[dict[str, object]], skip: int = 2) -> dict[tuple[str, str], float]:
+    """Mean duration in microseconds of each (partition, phase) over the steady key blocks
+    (the first and last ``skip`` left out)."""
+    last = max(int(r["block"]) for r in rows)
+    spans: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if skip <= int(r["block"]) <= last - skip:
+            spans.setdefault((r["partition"], r["phase"]), []).append(r["end_us"] - r["start_us"])
+    return {key: float(np.mean(v)) for key, v in spans.items()}
+
+
+def period(rows: list[dict[str, object]], skip: int = 2) -> float:
+    """Microseconds from one key block to the next on the steady blocks: the mean step between
+    consumer 0's issues of S (in that time each consumer takes one block)."""
+    starts = sorted(start for start, _ in _spans(rows, fa3.STAMP_PARTS[0], "issue_s").values())
+    steady = starts[skip:len(starts) - skip]
+    if len(steady) < 2:
+        raise ValueError(f"rows must hold at least {2 * skip + 2} key blocks; got {len(starts)}")
+    return float(np.mean(np.diff(steady)))
 
 
 def run(out: Path) -> list[Path]:
