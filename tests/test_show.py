@@ -41,3 +41,11 @@ def test_excerpt_is_short_dedented_and_refuses_a_whole_function():
     assert show._comment_above("    x = 1  # " + "n" * 100) == ["    # " + "n" * 100, "    x = 1"]
     with pytest.raises(ValueError, match="at most 20 lines"):
         show.excerpt("kernels/fa3.py", "_consumer", body=False, quiet=True)
+
+
+def test_excerpt_leaves_out_the_kernels_time_stamps():
+    whole = show.source("kernels/fa3.py", "_consumer", start="for j in range(1, n_blocks):",
+                        stop="last =", quiet=True)
+    shown = show.excerpt("kernels/fa3.py", "_consumer", start='# "wait for K_j; S_next',
+                         stop="# \"rescale O_i\"", quiet=True)
+    assert "_stamp(" in whole and "_stamp(" not in shown and "_take_turn" in shown
