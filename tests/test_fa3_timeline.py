@@ -115,3 +115,12 @@ def test_figure_without_recorded_stamps_shows_the_simulator_and_says_how_to_meas
     assert any("fa3timeline" in t.get_text() for t in bottom.texts)
     assert not _small_text(fig)
     plt.close(fig)
+
+
+def test_gemm_time_matches_the_simulators_at_the_same_rate():
+    from flashlab.course.figures.fa3_timeline import simulated_timeline
+    from flashlab.hardware import H100
+
+    g0 = next(e.end - e.start for e in simulated_timeline()[0] if e.kind == "G0")
+    assert timeline.gemm_us(H100.peak_flops("fp16") / 1e12, 4) == pytest.approx(4 * g0, rel=1e-3)
+    assert timeline.gemm_us(400.0) == pytest.approx(2 * timeline.gemm_us(800.0))

@@ -33,7 +33,7 @@ from flashlab.kernels import fa3
 from flashlab.kernels._common import LOG2E
 from flashlab.lab.measure import gpu_tag, paper_shape, provenance, time_ms
 
-__all__ = ["COLUMNS", "D", "N", "interleaving", "period", "phase_means", "phases", "program_order", "run",
+__all__ = ["COLUMNS", "D", "N", "gemm_us", "interleaving", "period", "phase_means", "phases", "program_order", "run",
            "stamped_forward"]
 
 D, N = 128, 8192  # the paper's ablation shape (FA3 §4.3)
@@ -164,6 +164,14 @@ def period(rows: list[dict[str, object]], skip: int = 2) -> float:
     if len(steady) < 2:
         raise ValueError(f"rows must hold at least {2 * skip + 2} key blocks; got {len(starts)}")
     return float(np.mean(np.diff(steady)))
+
+
+def gemm_us(tflops: float, gemms: int = 1, sm_count: int = 132) -> float:
+    """Microseconds that ``gemms`` GEMMs of one consumer's tile (BLOCK_M x BLOCK_N x d, as
+    S = Q K^T or O += P V: 2 * 64 * 128 * 128 FLOPs each) take on one SM of a GPU that runs
+    ``tflops`` TFLOP/s over ``sm_count`` SMs."""
+    flops = 2 * fa3.BLOCK_M * fa3.BLOCK_N * D
+    return gemms * flops / (tflops * 1e12 / sm_count) * 1e6
 
 
 def run(out: Path) -> list[Path]:
