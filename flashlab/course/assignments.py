@@ -106,9 +106,16 @@ def _main_grade(argv: Sequence[str]) -> int:
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
                         help="grade without the bubblewrap sandbox: submissions then run with your "
                              "permissions and can read the answer key and change other grades")
+    parser.add_argument("--salt", type=int, default=None,
+                        help="mixed into the seeds of the tests' random inputs (default: a fresh random one, "
+                             "printed at the end; pass it again to regrade with the same inputs)")
     parser.add_argument("--no-interpret", action="store_true",
                         help="do not set TRITON_INTERPRET=1 in the kernels (Triton then uses a GPU if present)")
     args = parser.parse_args(argv)
+    if args.salt is None:
+        import secrets
+
+        args.salt = secrets.randbelow(1 << 32)
     start = time.perf_counter()
     bar = []
 
@@ -126,7 +133,7 @@ def _main_grade(argv: Sequence[str]) -> int:
                      timeout=args.timeout, jobs=args.jobs, triton_interpret=not args.no_interpret,
                      executed_dir=args.executed, notebook_timeout=args.notebook_timeout,
                      unsafe_no_sandbox=args.unsafe_no_sandbox, students=args.students, progress=progress,
-                     extra_tests=args.extra_tests, feedback=not args.no_feedback)
+                     extra_tests=args.extra_tests, feedback=not args.no_feedback, salt=args.salt)
     except (FileNotFoundError, ValueError, SandboxUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -134,6 +141,8 @@ def _main_grade(argv: Sequence[str]) -> int:
         for b in bar:
             b.close()
     print(_grade_summary(rows, args.out.resolve(), time.perf_counter() - start))
+    print(f"the hidden tests drew their random inputs with --salt {args.salt} (pass it to regrade with the "
+          "same inputs)")
     return 0
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -156,9 +157,20 @@ def package_site(site: Path | None = None) -> Iterator[Path]:
         yield sandbox.package_copy(Path(tmp), held=held_specs(FORBIDDEN))
 
 
+def linked(root: str | Path, path: str | Path) -> bool:
+    """Whether ``path``, or a folder between ``root`` and it, is a symbolic link, or it lies
+    outside ``root``: such a submission could name the answer key or another student's notebook."""
+    root, path = Path(root), Path(path)
+    rel = path.relative_to(root)
+    steps = [root.joinpath(*rel.parts[:i]) for i in range(1, len(rel.parts) + 1)]
+    return any(p.is_symlink() for p in steps) or not path.resolve().is_relative_to(root.resolve())
+
+
 def _read(submission: str | Path | nbformat.NotebookNode) -> nbformat.NotebookNode:
     if isinstance(submission, nbformat.NotebookNode):
         return submission
+    if Path(submission).is_symlink():  # it could name the answer key, or a classmate's notebook
+        raise ValueError("the submission is a symbolic link, not a notebook")
     nb = nbformat.read(submission, as_version=4)
     if not isinstance(nb.get("cells"), list):
         raise ValueError("no list of cells")
@@ -170,7 +182,7 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
                    triton_interpret: bool = True, executed_path: str | Path | None = None,
                    unsafe_no_sandbox: bool = False, site: Path | None = None,
                    limits: sandbox.Limits = sandbox.Limits(),
-                   extra_tests: Mapping[str, str] | None = None) -> list[Score]:
+                   extra_tests: Mapping[str, str] | None = None, salt: int | None = None) -> list[Score]:
     """Grade one submitted notebook against the book's notebook ``source``.
 
     The submission's cells run in a fresh kernel in its own sandbox (``TRITON_INTERPRET=1``
@@ -196,6 +208,9 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
     extra_tests : mapping, optional
         Exercise name (``"ch02-ex1"``) -> Python source of more hidden tests, run after
         the book's tests in the same tests cell (see :func:`load_extra_tests`).
+    salt : int, optional
+        Mixed into every seed the tests give ``np.random.default_rng``, so their random
+        inputs are not the public book's (:class:`.session.Checker`); None: the book's.
 
     Returns
     -------
@@ -226,12 +241,15 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
         last = max(tests_at)
         with package_site(site) as site_dir, tempfile.TemporaryDirectory(prefix="flashlab-grade-") as private:
             shown = Path(private) / f"{Path(source).stem}.ipynb"  # the submission as the student sent it
-            nbformat.write(submitted, shown)
             try:
+                if isinstance(submission, (str, Path)):
+                    shutil.copyfile(submission, shown)
+                else:
+                    nbformat.write(submitted, shown)
                 with KernelSession(site=site_dir, notebook=shown, cell_timeout=timeout,
                                    notebook_timeout=notebook_timeout, triton_interpret=triton_interpret,
                                    sandboxed=sandboxed, limits=limits, forbidden=_forbidden(found)) as kernel:
-                    checker = Checker(kernel)
+                    checker = Checker(kernel, salt)
                     for index in range(last + 1):
                         cell = nb.cells[index]
                         if cell.cell_type != "code":
@@ -255,7 +273,10 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
     if executed_path is not None:
         executed_path = Path(executed_path)
         executed_path.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, executed_path)
+        try:
+            nbformat.write(nb, executed_path)
+        except Exception as exc:  # noqa: BLE001 - a cell the student broke; the grades stand
+            executed_path.write_text(f"could not write the executed notebook: {type(exc).__name__}: {exc}\n")
     scores = []
     for ex in found:
         w = where[ex.name]
@@ -423,7 +444,15 @@ def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping]) -> N
         writer = csv.DictWriter(f, fieldnames=list(columns))
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: f"{v:g}" if isinstance(v, float) else v for k, v in row.items()})
+            writer.writerow({k: f"{v:g}" if isinstance(v, float) else _cell(v) for k, v in row.items()})
+
+
+def _cell(value: object) -> object:
+    """A CSV cell a spreadsheet shows as text: a name or message starting with ``=``, ``+``,
+    ``-``, ``@`` (a formula to Excel and LibreOffice) gets a leading apostrophe."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def feedback_text(student: str, graded: Sequence[tuple[str, Sequence[Score]]]) -> str:
@@ -485,7 +514,7 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
           triton_interpret: bool = True, executed_dir: str | Path | None = None,
           unsafe_no_sandbox: bool = False, progress: Callable[[int, int], None] | None = None,
           students: Sequence[str] | None = None, extra_tests: str | Path | None = None,
-          feedback: bool = True) -> list[dict]:
+          feedback: bool = True, salt: int | None = None) -> list[dict]:
     """Grade a folder of submissions into a CSV of scores per student and exercise, a
     summary CSV per student, and a feedback file per student.
 
@@ -526,6 +555,10 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
         (:func:`load_extra_tests`).
     feedback : bool
         Write the feedback files (default True).
+    salt : int, optional
+        Mixed into the seeds of the tests' random inputs (see :func:`grade_notebook`); by
+        default a fresh random one, so no one can compute the hidden tests' answers in
+        advance from the public book. Pass the same salt to regrade with the same inputs.
 
     Returns
     -------
@@ -542,6 +575,10 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
     from concurrent.futures import ThreadPoolExecutor
 
     sandbox.require(unsafe_no_sandbox)
+    if salt is None:
+        import secrets
+
+        salt = secrets.randbelow(1 << 32)
     paths = sorted(NOTEBOOKS_DIR.glob("*.ipynb")) if notebooks is None else [Path(p) for p in notebooks]
     sources = {p.stem: p for p in paths if exercises(p)}
     if chapters is not None:
@@ -571,11 +608,22 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
             path = found[student].get(chapter)
             if path is None:
                 scores = _all(exercises(sources[chapter]), "missing", f"no notebook submitted for {chapter}")
+            elif linked(submissions, path):
+                scores = _all(exercises(sources[chapter]), "error",
+                              "the submission is a symbolic link, not a notebook: submit the file itself")
             else:
                 executed = None if executed_dir is None else Path(executed_dir) / student / f"{chapter}.ipynb"
-                scores = grade_notebook(path, sources[chapter], timeout=timeout, notebook_timeout=notebook_timeout,
-                                        triton_interpret=triton_interpret, executed_path=executed,
-                                        unsafe_no_sandbox=unsafe_no_sandbox, site=site, extra_tests=extra)
+                try:
+                    scores = grade_notebook(path, sources[chapter], timeout=timeout,
+                                            notebook_timeout=notebook_timeout, triton_interpret=triton_interpret,
+                                            executed_path=executed, unsafe_no_sandbox=unsafe_no_sandbox, site=site,
+                                            extra_tests=extra, salt=salt)
+                except sandbox.SandboxUnavailable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one notebook never stops the others' grades
+                    line = (str(exc).strip().splitlines() or [""])[0]
+                    scores = _all(exercises(sources[chapter]), "error",
+                                  f"the grader failed on this notebook: {type(exc).__name__}: {line}"[:300])
             with lock:
                 done[0] += 1
                 if progress is not None:

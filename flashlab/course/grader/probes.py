@@ -71,9 +71,8 @@ class _Recorded(np.ndarray):
     log: list = []
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        plain = [x.view(np.ndarray) if isinstance(x, _Recorded) else x for x in inputs]
-        if "out" in kwargs:
-            kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, _Recorded) else x for x in kwargs["out"])
+        plain = [_plain(x) for x in inputs]
+        kwargs = {k: tuple(_plain(x) for x in v) if k == "out" else _plain(v) for k, v in kwargs.items()}
         result = getattr(ufunc, method)(*plain, **kwargs)
         name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
         first = result[0] if isinstance(result, tuple) else result
@@ -88,6 +87,10 @@ class _Recorded(np.ndarray):
         result = super().__array_function__(func, tuple(t for t in types if t is not _Recorded) or (np.ndarray,),
                                             args, kwargs)
         return _watch(result)
+
+
+def _plain(value):
+    return value.view(np.ndarray) if isinstance(value, _Recorded) else value
 
 
 def _watch(value):

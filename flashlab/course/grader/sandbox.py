@@ -253,7 +253,9 @@ def start(workdir: Path, notebook: Path | None, connection: dict, *, site: Path 
             cmd += ["--ro-bind", str(results), f"{SITE}/results"]
     if notebook is not None:
         cmd += ["--ro-bind", str(notebook), f"{HOME}/{notebook.name}"]
-    cmd += ["--chdir", HOME, "--info-fd", str(write), "--clearenv"]
+    # the sandbox's own root (an in-memory tmpfs holding the mount points) becomes read-only:
+    # only /tmp and /home/student, size-capped, can be written
+    cmd += ["--remount-ro", "/", "--chdir", HOME, "--info-fd", str(write), "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     cmd += [*kernel, f"{RUN}/connection.json"]

@@ -32,7 +32,11 @@ from . import codec
 #: What a held function's ``input()`` prompt starts with; the rest is its request, as codec text.
 PREFIX = "\x1bflashlab-held-call "
 #: The largest request or answer (characters) the grader accepts.
-MAX_TEXT = 256 << 20
+MAX_TEXT = 128 << 20
+#: The parts of the package whose dataclasses a held call may send (``flashlab.<part>``).
+DATA_PACKAGES = frozenset({"reference", "sim", "hardware", "memory", "cycles", "parallel", "generations"})
+#: Address space of the grader's helper process (bytes), as a sandbox's (:class:`.sandbox.Limits`).
+HELPER_MEMORY = 8 << 30
 
 _RUNTIME = '''"""Functions the grader holds: their bodies are not in this copy of the package.
 
@@ -70,6 +74,17 @@ def call(spec, owner, args, kwargs):
 ''' % PREFIX
 
 
+#: ast.parse is not safe to call from several threads at once in CPython 3.11 (its recursion
+#: guard is shared: "AST constructor recursion depth mismatch"); the grader parses under this lock.
+PARSE_LOCK = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse(source)``, one thread at a time."""
+    with PARSE_LOCK:
+        return ast.parse(source)
+
+
 def _stub(node: ast.FunctionDef, spec: str, method: bool, indent: str) -> list[str]:
     inner = indent + "    "
     head = f"{indent}def {node.name}(self, *args, **kwargs):" if method else f"{indent}def {node.name}(*args, **kwargs):"
@@ -90,7 +105,7 @@ def hold_source(source: str, module: str, quals: Iterable[str]) -> str:
     takes ``*args, **kwargs`` and forwards them to the grader. Raises ``LookupError``
     for a name that is not a def of this module.
     """
-    tree = ast.parse(source)
+    tree = parse(source)
     found: list[tuple[ast.FunctionDef, str, bool, int]] = []
     for qual in quals:
         *outer, name = qual.split(".")
@@ -133,13 +148,16 @@ def hold(package: Path, specs: Iterable[str]) -> None:
 
 def _allowed_class(module: str, name: str) -> type:
     """The dataclass ``module:name`` a held call may send (the package's data types only)."""
-    if not (module.startswith("flashlab.") and not module.startswith(("flashlab.course", "flashlab.lab"))
-            and all(part.isidentifier() for part in (*module.split("."), *name.split(".")))):
+    parts = (*module.split("."), *name.split("."))
+    if not (module.split(".")[:2][-1] in DATA_PACKAGES and module.startswith("flashlab.")
+            and all(p.isidentifier() and not p.startswith("_") for p in parts)):
         raise codec.CodecError(f"a held call cannot send a {module}:{name}")
     cls: object = importlib.import_module(module)
     for part in name.split("."):
         cls = getattr(cls, part)
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+    own = getattr(cls, "__module__", "") if isinstance(cls, type) else ""
+    if not (dataclasses.is_dataclass(cls) and own.startswith("flashlab.")
+            and own.split(".")[1] in DATA_PACKAGES):
         raise codec.CodecError(f"a held call cannot send a {module}:{name}")
     return cls
 
@@ -165,7 +183,7 @@ def answer(text: str, served: frozenset[str], refused: frozenset[str] = frozense
             raise PermissionError(f"{spec!r} is not one of the functions the grader holds")
         if spec in refused:
             raise RuntimeError(f"{spec.partition(':')[2]} is switched off while this exercise is graded: "
-                               "the exercise asks you to write it yourself")
+                               "write the answer yourself, without the package's solutions")
         if not (isinstance(args, tuple) and isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
             raise codec.CodecError("a held call's arguments must be a tuple and a dict of str keys")
         fn, cls = _resolve(spec)
@@ -195,7 +213,8 @@ class Server:
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "flashlab.course.grader.served"], stdin=subprocess.PIPE,
+                ["prlimit", f"--as={HELPER_MEMORY}", "--core=0", "--",
+                 sys.executable, "-m", "flashlab.course.grader.served"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, encoding="utf-8",
                 env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
                      "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"})

@@ -14,8 +14,8 @@ rewritten on disk) reaches the checks: they see numbers.
 The package functions an exercise asks the student to write themselves
 (:data:`FORBIDDEN`) are not in the kernel at all: the sandbox's package copy holds
 stubs that ask the grader to run them (:mod:`.served`). The grader answers while the
-chapter's cells run and refuses while an exercise that forbids the function is
-checked, so the call raises in the student's code, whoever makes it.
+chapter's cells run and refuses every one of them while any exercise's tests call the
+student's code, so such a call raises, whoever makes it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,9 @@ from .notebook import BEGIN_HIDDEN, END_HIDDEN
 REPLY_MIME = "application/x-flashlab-reply"
 #: Text kept of one cell's output (stdout, stderr, results); the rest is dropped.
 OUTPUT_CAP = 200_000
+#: The largest message (bytes) the grader takes from a kernel; a kernel that sends a larger one
+#: is disconnected, and its cell runs out of time.
+MAX_MESSAGE = 160 << 20
 #: Seconds a kernel gets to start, to answer an interrupt, to shut down.
 START_TIMEOUT_S = 120.0
 INTERRUPT_GRACE_S = 5.0
@@ -97,9 +101,41 @@ FORBIDDEN.update({
 })
 
 
+#: Package functions held besides those an exercise names (:data:`FORBIDDEN`): the ones
+#: that compute an exercise's answer by another route (attention with a mask, a window, a
+#: ring; the tile steps the operation counter repeats; the tile counts that causal and
+#: windowed counts are special cases of). Every held function is refused while any
+#: exercise's tests call the student's code.
+ALSO_HELD: tuple[str, ...] = tuple(
+    f"flashlab.{module}:{name}" for module, names in {
+        "reference.naive": ("scores", "attention_flops"),
+        "reference.softmax": ("naive_softmax", "online_attention"),
+        "reference.rescale": ("trace_row", "running_max_changes", "staircase_row", "conditional_attention",
+                              "attention"),
+        "reference.counting": ("_v1_tile", "_v2_tile", "_v2_finish", "_v1_backward_P", "_v2_backward_P"),
+        "reference.beyond": ("_masked_attention", "_gqa_attention", "attention_gqa", "window_block_counts",
+                             "attention_window", "attention_varlen", "decode_split_kv", "attention_paged"),
+        "reference.flash1": ("flash1_block_counts",),
+        "reference.fp8": ("fp8_attention",),
+        "reference.ring": ("ring_attention", "ring_attention_backward"),
+        "memory": ("simulate_flash", "simulate_standard", "count_standard", "_flash", "_standard"),
+        "cycles": ("backward_matmuls", "backward_tile_cycles", "exp_split_cycles"),
+        "parallel.model": ("ring_step_flops", "ring_step_time", "hiding_length"),
+    }.items() for name in names)
+
+
+#: Held functions an exercise's answer may still use (through the package function it is
+#: meant to call: ch04-ex2 compares the chapter's IO formulas, and flash_io_formula sizes its
+#: blocks with block_sizes).
+STILL_SERVED: dict[str, tuple[str, ...]] = {
+    "ch04-ex2": ("flashlab.reference.flash1:block_sizes",),
+}
+
+
 def held_specs(forbidden: Mapping[str, Sequence[str]]) -> frozenset[str]:
-    """Every package function some exercise of ``forbidden`` switches off."""
-    return frozenset(spec for specs in forbidden.values() for spec in specs)
+    """Every package function the grader holds: those some exercise of ``forbidden``
+    switches off, and :data:`ALSO_HELD`."""
+    return frozenset(spec for specs in forbidden.values() for spec in specs) | frozenset(ALSO_HELD)
 
 
 class KernelDied(RuntimeError):
@@ -229,7 +265,11 @@ class KernelSession:
                                          triton_interpret=self.triton_interpret, sandboxed=self.sandboxed)
             if self._launch.sandboxed:
                 outside["ip"] = f"/proc/{self._launch.inner_pid}/root{sandbox.RUN}/k"
-            client = BlockingKernelClient()
+            import zmq
+
+            self._context = zmq.Context()
+            self._context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)  # a larger message drops the kernel
+            client = BlockingKernelClient(context=self._context)
             client.load_connection_info(outside)
             client.start_channels()
             self._client = client
@@ -286,6 +326,9 @@ class KernelSession:
             except Exception:  # noqa: BLE001
                 pass
             self._client = None
+        if getattr(self, "_context", None) is not None:
+            self._context.destroy(linger=0)
+            self._context = None
         self.kill(self.stopped or "closed")
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -414,7 +457,7 @@ class KernelSession:
         request = codec.dumps({"name": name, "args": tuple(args), "kwargs": dict(kwargs), "exercise": exercise,
                                "probe": probe, "errstate": {k: v for k, v in np.geterr().items()}}, objects=True)
         run = self._execute(f"__flashlab__.call({request!r})", timeout, store_history=False,
-                            refused=frozenset(self.forbidden.get(exercise, ())))
+                            refused=self._server.served - frozenset(STILL_SERVED.get(exercise, ())))
         if run.outcome.ename in ("NotRun", "DeadKernelError"):
             raise KernelDied(run.outcome.evalue)
         if run.outcome.ename == "TimeoutError":
@@ -479,7 +522,7 @@ class RemoteFunction:
 def defined_names(source: str) -> list[str]:
     """Top-level functions and classes a solution cell defines (the names the tests call)."""
     try:
-        tree = ast.parse(source)
+        tree = served.parse(source)
     except SyntaxError:
         return []
     return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
@@ -498,11 +541,33 @@ def hidden_lines(source: str) -> set[int]:
     return found
 
 
-class Checker:
-    """The tests cells of one notebook, run in the grader's process against :class:`RemoteFunction` s."""
+_SALT = threading.local()
+_BOOK_RNG = np.random.default_rng
 
-    def __init__(self, kernel: KernelSession):
+
+def _salted_rng(seed=None):
+    """``np.random.default_rng`` as the tests cells see it: while :class:`Checker` runs one
+    with a salt, an integer seed draws other numbers than the book's (a student who computed
+    the answers for the book's seeds in advance has the wrong ones); otherwise unchanged."""
+    salt = getattr(_SALT, "value", None)
+    if salt is not None and isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return _BOOK_RNG([int(salt), int(seed)])
+    return _BOOK_RNG(seed)
+
+
+class Checker:
+    """The tests cells of one notebook, run in the grader's process against :class:`RemoteFunction` s.
+
+    ``salt``: when given, every ``np.random.default_rng(seed)`` of the tests draws from
+    ``default_rng([salt, seed])`` instead, so the hidden tests' inputs are not the ones the
+    public book shows.
+    """
+
+    def __init__(self, kernel: KernelSession, salt: int | None = None):
         self.kernel = kernel
+        self.salt = salt
+        if salt is not None and np.random.default_rng is not _salted_rng:
+            np.random.default_rng = _salted_rng
         self.namespace: dict = {"__name__": "__flashlab_checks__", "__builtins__": builtins}
         self._exercise = ""
         self._deadline = 0.0
@@ -534,6 +599,7 @@ class Checker:
         self._deadline = time.monotonic() + self.kernel.cell_timeout
         filename = f"<tests {label}>"
         outcome = Outcome(True)
+        _SALT.value = self.salt
         try:
             exec(compile(source, filename, "exec"), self.namespace)  # noqa: S102 - the book's own tests
         except Exception as exc:  # noqa: BLE001 - any failure of the checks is the answer's
@@ -547,6 +613,7 @@ class Checker:
             check = "" if not lines else "hidden" if lines[-1] in hidden_lines(source) else "visible"
             outcome = Outcome(False, ename, evalue, check)
         finally:
+            _SALT.value = None
             self.namespace.pop("print", None)
         outputs = []
         if printed.getvalue():
