@@ -141,6 +141,7 @@ def package_copy(into: Path, held: Iterable[str] = ()) -> Path:
 
     shutil.copytree(PACKAGE_DIR, target, ignore=ignore)
     served.hold(target, held)
+    served.leave_out_kernels(target)
     return into
 
 
@@ -239,6 +240,7 @@ def start(workdir: Path, notebook: Path | None, connection: dict, *, site: Path 
         "--uid", str(UID), "--gid", str(GID), "--hostname", "sandbox",
         *_system_binds(), *_etc_binds(),
         "--dev", "/dev", "--proc", "/proc",
+        "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", HOME,
         "--size", str(1 << 20), "--perms", "0700", "--tmpfs", RUN,

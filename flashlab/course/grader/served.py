@@ -143,6 +143,45 @@ def hold(package: Path, specs: Iterable[str]) -> None:
     (package / "_held.py").write_text(_RUNTIME, encoding="utf-8")
 
 
+_UNAVAILABLE = '''"""flashlab's Triton kernels are not in this copy of the package.
+
+While a notebook is graded its kernels do not run: they would compute an exercise's answer
+by another route (the combine kernel merges log-sum-exps, the FA4 kernel counts rescales).
+A chapter's cells that launch them fail; no exercise needs them.
+"""
+
+
+class Unavailable:
+    def __init__(self, name):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(self._name + ": flashlab's kernels do not run while a notebook is graded")
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Unavailable(self._name + "." + attr)
+
+    def __repr__(self):
+        return "<" + self._name + ": not available while a notebook is graded>"
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return Unavailable(__name__ + "." + name)
+'''
+
+
+def leave_out_kernels(package: Path) -> None:
+    """Replace every module of ``package/kernels`` by one whose names are :class:`Unavailable`
+    (importable, but raising when called), so that no Triton kernel of the package runs."""
+    folder = package / "kernels"
+    for path in folder.glob("*.py"):
+        path.write_text(_UNAVAILABLE, encoding="utf-8")
+
+
 # ---------------------------------------------------------------- the grader's side
 
 
