@@ -1,6 +1,7 @@
 """FlashAttention-3 forward (Shah et al. 2024, §3.1-3.2, Algorithms 1-2) in Gluon, for Hopper (sm_90).
 
-One program (CTA) owns 2 * Br query rows of one (batch, head) and runs three partitions:
+One program (a CTA: CUDA's thread block) owns 2 * Br = 128 query rows of one (batch, head)
+and runs three partitions:
 
     producer    1 warp,  few registers:  TMA-loads Q_i once, then K_j, V_j into a ring of
                                           STAGES shared-memory slots (full/empty mbarrier pairs)
