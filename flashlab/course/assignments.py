@@ -30,6 +30,7 @@ from flashlab.course.grader import (
     SandboxUnavailable,
     build,
     grade,
+    new_salt,
     outputs_of,
 )
 from flashlab.course.grader.session import FORBIDDEN  # noqa: F401
@@ -112,10 +113,7 @@ def _main_grade(argv: Sequence[str]) -> int:
     parser.add_argument("--no-interpret", action="store_true",
                         help="do not set TRITON_INTERPRET=1 in the kernels (Triton then uses a GPU if present)")
     args = parser.parse_args(argv)
-    if args.salt is None:
-        import secrets
-
-        args.salt = secrets.randbelow(1 << 32)
+    args.salt = new_salt() if args.salt is None else args.salt
     start = time.perf_counter()
     bar = []
 

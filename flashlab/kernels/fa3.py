@@ -439,14 +439,16 @@ def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Ten
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
-            *, pingpong: bool = True, overlap: bool = True,
-            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            *, pingpong: bool = True, overlap: bool = True, out: torch.Tensor | None = None,
+            stamps: torch.Tensor | None = None, stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; the convention of :func:`flashlab.kernels.forward.forward`.
 
     q (B, H, N_q, d), k and v (B, H, N_k, d), contiguous, bf16 or fp16, d in HEAD_DIMS, on sm_90.
     ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
     S before each softmax with no GEMM in flight (the ablations); ``out`` is a (B, H, N_q, d)
-    buffer to write O into (tests fill it with NaN first).
+    buffer to write O into (tests fill it with NaN first). ``stamps``: build with time stamps
+    (STAMPS=True) and let program ``stamp_at`` (pid0 + pid1 * grid0) write them into this int64
+    (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer (:func:`_stamp`).
     Returns o like q and lse2 (B, H, N_q) float32, the row log-sum-exp in log2 units, as the
     backward (:func:`flashlab.kernels.backward.backward`) takes it."""
     scale = _check(q, k, v, scale)
@@ -459,9 +461,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
     grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
+    stamping = {}
+    if stamps is not None:
+        want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(STAMP_PHASES), 3, 2)
+        if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
+            raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
+                             f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
+        stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
     _fa3_kernel[grid](*_descriptors(q, k, v), o, lse2, N_Q, N_K, scale * LOG2E,  # scale * log2(e)
                       CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
-                      num_warps=NUM_WARPS, maxnreg=MAXNREG)
+                      **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return o, lse2
 
 

@@ -24,6 +24,7 @@ from .grading import (
     grade_notebook,
     grade_variants,
     load_extra_tests,
+    new_salt,
     outputs_of,
     summary_rows,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "BEGIN_HIDDEN", "BEGIN_SOLUTION", "COURSE_ID", "DEFAULT_CELL_TIMEOUT_S", "DEFAULT_NOTEBOOK_TIMEOUT_S",
     "END_HIDDEN", "END_SOLUTION", "GRADE_COLUMNS", "NOTEBOOKS_DIR", "REPO_ROOT", "STATUSES", "Chapter",
     "Exercise", "SandboxUnavailable", "Score", "VariantResult", "build", "exercises", "feedback_text",
-    "find_submissions", "grade", "grade_notebook", "grade_variants", "load_extra_tests", "outputs_of",
+    "find_submissions", "grade", "grade_notebook", "grade_variants", "load_extra_tests", "new_salt",
+    "outputs_of",
     "replace_solution_body", "solution_body", "strip_hidden_tests", "summary_rows",
 ]

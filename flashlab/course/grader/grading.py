@@ -138,11 +138,6 @@ def _score(ex: Exercise, solution: Outcome | None, tests: Outcome | None) -> Sco
     return Score(ex.tests_id, 0.0, ex.points, status, message[:500], check)
 
 
-def _forbidden(found: Sequence[Exercise]) -> dict[str, tuple[str, ...]]:
-    """The switched-off functions of these exercises only (so a kernel imports no other module)."""
-    return {ex.name: FORBIDDEN[ex.name] for ex in found if ex.name in FORBIDDEN}
-
-
 def _all(found: Sequence[Exercise], status: str, message: str) -> list[Score]:
     return [Score(ex.tests_id, 0.0, ex.points, status, message) for ex in found]
 
@@ -155,6 +150,13 @@ def package_site(site: Path | None = None) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="flashlab-site-") as tmp:
         yield sandbox.package_copy(Path(tmp), held=held_specs(FORBIDDEN))
+
+
+def new_salt() -> int:
+    """A fresh secret salt for the tests' random inputs (:class:`.session.Checker`)."""
+    import secrets
+
+    return secrets.randbelow(1 << 32)
 
 
 def linked(root: str | Path, path: str | Path) -> bool:
@@ -248,7 +250,7 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
                     nbformat.write(submitted, shown)
                 with KernelSession(site=site_dir, notebook=shown, cell_timeout=timeout,
                                    notebook_timeout=notebook_timeout, triton_interpret=triton_interpret,
-                                   sandboxed=sandboxed, limits=limits, forbidden=_forbidden(found)) as kernel:
+                                   sandboxed=sandboxed, limits=limits) as kernel:
                     checker = Checker(kernel, salt)
                     for index in range(last + 1):
                         cell = nb.cells[index]
@@ -575,10 +577,7 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
     from concurrent.futures import ThreadPoolExecutor
 
     sandbox.require(unsafe_no_sandbox)
-    if salt is None:
-        import secrets
-
-        salt = secrets.randbelow(1 << 32)
+    salt = new_salt() if salt is None else salt
     paths = sorted(NOTEBOOKS_DIR.glob("*.ipynb")) if notebooks is None else [Path(p) for p in notebooks]
     sources = {p.stem: p for p in paths if exercises(p)}
     if chapters is not None:
@@ -709,8 +708,7 @@ def grade_variants(notebook: str | Path, variants: Mapping[str, tuple[str, str]]
     results: dict[str, VariantResult] = {}
     with package_site() as site, KernelSession(site=site, cell_timeout=timeout,
                                                notebook_timeout=max(DEFAULT_NOTEBOOK_TIMEOUT_S, 60 * timeout),
-                                               triton_interpret=triton_interpret, sandboxed=sandboxed,
-                                               forbidden=_forbidden(found)) as kernel:
+                                               triton_interpret=triton_interpret, sandboxed=sandboxed) as kernel:
         checker = Checker(kernel)
         for index, cell in enumerate(nb.cells[: max(at_tests) + 1]):
             if cell.cell_type != "code":

@@ -6,8 +6,8 @@ copy a sandbox imports: :func:`hold` replaces its body there by a call to
 :mod:`flashlab._held`, which sends the arguments out of the kernel as data (the
 ``input()`` request of Jupyter's stdin channel) and returns the answer. The grader
 answers with :class:`Server`, a process of its own that runs the real function on
-the decoded arguments, unless an exercise that forbids the function is being
-checked right then; then the call raises in the student's code.
+the decoded arguments, unless an exercise's tests are calling the student's code
+right then; then the call raises in the student's code.
 
 So the chapter's own cells (which call these functions to show them at work) run as
 in the book, while nothing inside the kernel can recover the function: its code is
@@ -42,8 +42,7 @@ _RUNTIME = '''"""Functions the grader holds: their bodies are not in this copy o
 
 Each one was replaced by a call to :func:`call`, which asks the grader (through
 Jupyter's stdin channel) to run the real function on the arguments, sent as data.
-While an exercise that asks you to write the function is checked, the grader
-refuses, and the call raises.
+While an exercise's tests call your code, the grader refuses, and the call raises.
 """
 
 import builtins
@@ -263,7 +262,7 @@ class Server:
 
     def call(self, text: str, refused: Iterable[str], timeout: float) -> str:
         """Answer one request (codec text): the real function's result, or a ``RuntimeError``
-        while an exercise that forbids it (``refused``) is checked."""
+        for a function in ``refused`` (every held one while an exercise is checked)."""
         if len(text) > MAX_TEXT:
             return codec.dumps({"raised": ("RuntimeError", "a held call's arguments are too large")})
         with self._lock:

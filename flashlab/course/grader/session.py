@@ -49,8 +49,9 @@ MAX_MESSAGE = 160 << 20
 START_TIMEOUT_S = 120.0
 INTERRUPT_GRACE_S = 5.0
 
-#: Package functions a student must not call while an exercise's tests call their
-#: code ("module:qualname"); exercises not listed forbid nothing.
+#: Package functions each exercise asks the student to write ("module:qualname"). The
+#: grader holds all of them (and :data:`ALSO_HELD`) and refuses every one while any
+#: exercise's tests call the student's code; this table says which exercise each is for.
 FORBIDDEN: dict[str, tuple[str, ...]] = {}
 _SOFTMAX = ("flashlab.reference.softmax:softmax", "flashlab.reference.softmax:online_softmax",
             "flashlab.reference.softmax:OnlineSoftmaxState.update",
@@ -232,20 +233,18 @@ class KernelSession:
         Seconds one cell (or one call from the checks) may run.
     notebook_timeout : float
         Seconds the whole notebook may take; past it the kernel is stopped.
-    forbidden : mapping
-        Exercise name -> package functions switched off while its tests call the student's code.
-        The package copy must hold them (:func:`.sandbox.package_copy`'s ``held``).
+
+    The held functions it serves, and refuses while any exercise is checked, are
+    :func:`held_specs` of :data:`FORBIDDEN`: the ones :func:`.grading.package_site` holds.
     """
 
     def __init__(self, *, site: Path | None, notebook: Path | None = None, cell_timeout: float,
                  notebook_timeout: float, triton_interpret: bool = True, sandboxed: bool = True,
-                 limits: sandbox.Limits = sandbox.Limits(),
-                 forbidden: Mapping[str, Sequence[str]] | None = None):
+                 limits: sandbox.Limits = sandbox.Limits()):
         self.site, self.notebook = site, notebook
         self.cell_timeout, self.notebook_timeout = cell_timeout, notebook_timeout
         self.triton_interpret, self.sandboxed, self.limits = triton_interpret, sandboxed, limits
-        self.forbidden = dict(FORBIDDEN if forbidden is None else forbidden)
-        self._server = served.Server(held_specs(FORBIDDEN) | held_specs(self.forbidden))
+        self._server = served.Server(held_specs(FORBIDDEN))
         self.stopped: str | None = None  # why the kernel stopped early, if it did
         self._timeouts_in_a_row = 0
         self._launch: sandbox.Launch | None = None

@@ -30,7 +30,6 @@ import torch
 import triton
 
 from flashlab.kernels import fa3
-from flashlab.kernels._common import LOG2E
 from flashlab.lab.measure import gpu_tag, paper_shape, provenance, time_ms
 
 __all__ = ["COLUMNS", "D", "N", "gemm_us", "interleaving", "period", "phase_means", "phases", "program_order", "run",
@@ -47,22 +46,15 @@ def stamped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     stamps, program ``at`` = (query tile, batch-head) stamping. Returns o and lse2 as ``forward``
     does, and the stamps, int64 (n_blocks + 1, len(STAMP_PHASES), 3 partitions, 2): (%globaltimer
     ns, %clock64 cycles) where the partition began that phase of that key block, 0 where none."""
-    scale = fa3._check(q, k, v, None)
     B, H, N_Q, d = q.shape
-    N_K = k.shape[2]
     c = fa3.config(d)
     grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
     tile, bh = at
     if not (0 <= tile < grid[0] and 0 <= bh < grid[1]):
         raise ValueError(f"at must name a program of the grid {grid}; got {at}")
-    n_blocks = triton.cdiv(N_K, c["BLOCK_N"])
-    o = torch.empty_like(q)
-    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    n_blocks = triton.cdiv(k.shape[2], c["BLOCK_N"])
     stamps = torch.zeros((n_blocks + 1, len(fa3.STAMP_PHASES), 3, 2), device=q.device, dtype=torch.int64)
-    fa3._fa3_kernel[grid](*fa3._descriptors(q, k, v), o, lse2, N_Q, N_K, scale * LOG2E,
-                          CAUSAL=False, PINGPONG=True, OVERLAP=True, **c,
-                          STAMP=stamps, STAMP_AT=tile + bh * grid[0], STAMPS=True,
-                          num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+    o, lse2 = fa3.forward(q, k, v, False, stamps=stamps, stamp_at=tile + bh * grid[0])
     return o, lse2, stamps
 
 
