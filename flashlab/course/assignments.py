@@ -3,7 +3,7 @@
     python -m flashlab.course.assignments [build] OUTDIR [NOTEBOOK ...]
     python -m flashlab.course.assignments grade SUBMISSIONS [--out build/grades.csv] [--chapter NAME ...]
                                                 [--student NAME ...] [--extra-tests DIR]
-                                                [--unsafe-no-sandbox]
+                                                [--unsafe-no-sandbox] [--no-code-policy]
 
 ``build`` writes the student versions with nbgrader (:func:`~flashlab.course.grader.build`);
 ``grade`` grades a folder of submissions, each notebook in its own bubblewrap sandbox
@@ -107,6 +107,9 @@ def _main_grade(argv: Sequence[str]) -> int:
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
                         help="grade without the bubblewrap sandbox: submissions then run with your "
                              "permissions and can read the answer key and change other grades")
+    parser.add_argument("--no-code-policy", action="store_true",
+                        help="run submissions that break the code policy (book/instructor.md, 'What a submission's "
+                             "code may contain'); their probes' findings can then be forged")
     parser.add_argument("--salt", type=int, default=None,
                         help="mixed into the seeds of the tests' random inputs (default: a fresh random one, "
                              "printed at the end; pass it again to regrade with the same inputs)")
@@ -131,7 +134,8 @@ def _main_grade(argv: Sequence[str]) -> int:
                      timeout=args.timeout, jobs=args.jobs, triton_interpret=not args.no_interpret,
                      executed_dir=args.executed, notebook_timeout=args.notebook_timeout,
                      unsafe_no_sandbox=args.unsafe_no_sandbox, students=args.students, progress=progress,
-                     extra_tests=args.extra_tests, feedback=not args.no_feedback, salt=args.salt)
+                     extra_tests=args.extra_tests, feedback=not args.no_feedback, salt=args.salt,
+                     code_policy=not args.no_code_policy)
     except (FileNotFoundError, ValueError, SandboxUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

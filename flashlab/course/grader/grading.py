@@ -32,7 +32,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import sandbox
+from . import policy, sandbox
 from .notebook import (
     BEGIN_HIDDEN,
     END_HIDDEN,
@@ -184,7 +184,8 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
                    triton_interpret: bool = True, executed_path: str | Path | None = None,
                    unsafe_no_sandbox: bool = False, site: Path | None = None,
                    limits: sandbox.Limits = sandbox.Limits(),
-                   extra_tests: Mapping[str, str] | None = None, salt: int | None = None) -> list[Score]:
+                   extra_tests: Mapping[str, str] | None = None, salt: int | None = None,
+                   code_policy: bool = True) -> list[Score]:
     """Grade one submitted notebook against the book's notebook ``source``.
 
     The submission's cells run in a fresh kernel in its own sandbox (``TRITON_INTERPRET=1``
@@ -213,6 +214,11 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
     salt : int, optional
         Mixed into every seed the tests give ``np.random.default_rng``, so their random
         inputs are not the public book's (:class:`.session.Checker`); None: the book's.
+    code_policy : bool
+        Check the cells the student wrote or edited against :mod:`.policy` first; a
+        notebook that breaks it is not run, and every exercise gets 0 (``error``) with a
+        message naming the cell, the line and the construct. False: skip the check
+        (the sandbox and the outside checks still hold; the probes' findings can then be forged).
 
     Returns
     -------
@@ -236,6 +242,10 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
         nb, where = _for_grading(submitted, source_nb, found)
     except Exception as exc:  # noqa: BLE001
         return _all(found, "error", f"could not prepare the notebook: {type(exc).__name__}: {exc}"[:300])
+    if code_policy:
+        violations = policy.check_notebook(nb, source_nb)
+        if violations:
+            return _all(found, "error", policy.summary(violations)[:500])
     tests_at = {w[1]: ex for ex, w in ((ex, where[ex.name]) for ex in found) if w is not None}
     solution_at = {w[0]: ex for ex, w in ((ex, where[ex.name]) for ex in found) if w is not None}
     outcomes: dict[int, Outcome] = {}
@@ -516,7 +526,7 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
           triton_interpret: bool = True, executed_dir: str | Path | None = None,
           unsafe_no_sandbox: bool = False, progress: Callable[[int, int], None] | None = None,
           students: Sequence[str] | None = None, extra_tests: str | Path | None = None,
-          feedback: bool = True, salt: int | None = None) -> list[dict]:
+          feedback: bool = True, salt: int | None = None, code_policy: bool = True) -> list[dict]:
     """Grade a folder of submissions into a CSV of scores per student and exercise, a
     summary CSV per student, and a feedback file per student.
 
@@ -561,6 +571,9 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
         Mixed into the seeds of the tests' random inputs (see :func:`grade_notebook`); by
         default a fresh random one, so no one can compute the hidden tests' answers in
         advance from the public book. Pass the same salt to regrade with the same inputs.
+    code_policy : bool
+        Check each submission's own cells against :mod:`.policy` before running it
+        (default True; see :func:`grade_notebook`).
 
     Returns
     -------
@@ -616,7 +629,7 @@ def grade(submissions: str | Path, out_csv: str | Path, *, notebooks: Sequence[s
                     scores = grade_notebook(path, sources[chapter], timeout=timeout,
                                             notebook_timeout=notebook_timeout, triton_interpret=triton_interpret,
                                             executed_path=executed, unsafe_no_sandbox=unsafe_no_sandbox, site=site,
-                                            extra_tests=extra, salt=salt)
+                                            extra_tests=extra, salt=salt, code_policy=code_policy)
                 except sandbox.SandboxUnavailable:
                     raise
                 except Exception as exc:  # noqa: BLE001 - one notebook never stops the others' grades
