@@ -7,6 +7,7 @@
   codec      values as data: all that comes back from a submission's kernel
   probes     how an answer computes (which ufuncs, which calls), asked of the student's kernel
   served     the held functions: forbidden package functions, run by the grader on request
+  policy     what a submission's own cells may contain, checked before the notebook runs
 
 ``python -m flashlab.course.assignments`` is the command line.
 """
