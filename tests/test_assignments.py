@@ -490,7 +490,8 @@ def test_grade_survives_bad_submissions(tmp_path: Path, built: dict) -> None:
     _put(no_tests, sub / "no_tests" / name)
     _put(student, sub / "stray" / "notes.ipynb")                               # not a chapter: ignored
     with pytest.warns(UserWarning, match="ignored .*notes.ipynb"):
-        rows = grade(sub, tmp_path / "g.csv", notebooks=[FIXTURE], timeout=3)
+        rows = grade(sub, tmp_path / "g.csv", notebooks=[FIXTURE], timeout=3,
+                     code_policy=False)  # the kernel's own limits, not the policy, are tested here
     got = {(r["student"], r["exercise"]): (r["points"], r["status"], r["message"]) for r in rows}
     assert got[("stub", "toy-ex1-tests")] == (0, "error", "NotImplementedError: not answered (the stub still raises)")
     assert got[("garbled", "toy-ex2-tests")][:2] == (0, "error")
