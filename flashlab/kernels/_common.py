@@ -59,7 +59,7 @@ def configs(candidates: list[Candidate], wide: list[Candidate], interpret_config
     and timing means nothing there). With FLASHLAB_AUTOTUNE=0: the first of each list."""
     if INTERPRET:
         return [triton.Config(interpret_config, num_warps=4, num_stages=1)]
-    chosen = [*candidates, *wide] if AUTOTUNE else [candidates[0], wide[0]]
+    chosen = [*candidates, *wide] if AUTOTUNE else [candidates[0], *wide[:1]]
     return [triton.Config({"BLOCK_M": c[0], "BLOCK_N": c[1]}, num_warps=c[2], num_stages=c[3],
                           maxnreg=c[4] if len(c) > 4 else None, pre_hook=pre_hook) for c in chosen]
 
