@@ -53,26 +53,27 @@ CANDIDATES: list[Candidate] = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2)
 def _set_block_shapes(nargs: dict) -> None:
     """Autotune pre-hook: the descriptors' tiles follow the configuration's BLOCK_M."""
     for name in ("DESC_Q", "DESC_DO", "DESC_DQ"):
-        nargs[name].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_D"]]
+        nargs[name].block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
 
 
 _CONFIGS = configs(CANDIDATES, [], interpret_config={"BLOCK_M": 16, "BLOCK_N": 16}, pre_hook=_set_block_shapes)
 
 
 @triton.jit
-def _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, LSE, DELTA, row0, lo, hi,
+def _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, LSE, DELTA, head, lo, hi,
                        offs_n, qk_scale, scale, N_Q, N_K, diag_lo, diag_hi,
                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
                        INTERPRET: tl.constexpr):
     """Add query blocks [lo, hi) of one head to dK_j, dV_j, and their dS_ij K_j to dQ_i.
 
-    k, v: K_j, V_j (BLOCK_N, d) in registers' operand form; row0: the head's first row in the
-    2-D (Z * H * N_q, d) views the descriptors read; LSE, DELTA point at the head's row 0."""
+    k, v: K_j, V_j (BLOCK_N, d); head: the (batch, query head) index into the (Z * H, N_q, d)
+    views the descriptors read, whose tiles end at the head's last row; LSE, DELTA point at the
+    head's row 0."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         m = start_m + offs_m  # (BLOCK_M,) query rows of this head
-        q = DESC_Q.load([row0 + start_m, 0])  # Q_i (BLOCK_M, d), by TMA
-        do = DESC_DO.load([row0 + start_m, 0])  # dO_i (BLOCK_M, d)
+        q = DESC_Q.load([head, start_m, 0]).reshape(BLOCK_M, BLOCK_D)  # Q_i, by TMA; rows past N_q: 0
+        do = DESC_DO.load([head, start_m, 0]).reshape(BLOCK_M, BLOCK_D)  # dO_i
         if MASKED:
             lse = tl.load(LSE + m, mask=m < N_Q, other=0.0)
             delta = tl.load(DELTA + m, mask=m < N_Q, other=0.0)
@@ -81,7 +82,7 @@ def _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, LSE, DELT
             delta = tl.load(DELTA + m)
         s_t = tl.dot(k, tl.trans(q))  # S_ij^T (BLOCK_N, BLOCK_M)                       (line 10)
         p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])  # P_ij^T, recomputed       (line 11)
-        if MASKED:  # rows past N_q (the next head's, in the 2-D view), keys past N_k, the band
+        if MASKED:  # rows past N_q, keys past N_k, the band
             diag = offs_n[:, None] - m[None, :]  # j - i
             visible = (m[None, :] < N_Q) & (offs_n[:, None] < N_K) & (diag >= diag_lo) & (diag <= diag_hi)
             p_t = tl.where(visible, p_t, 0.0)
@@ -91,10 +92,10 @@ def _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, LSE, DELT
         dk = tl.dot(ds_t, q, dk)  # dK_j += dS_ij^T Q_i                                    (line 16)
         dq = tl.dot(tl.trans(ds_t), k) * scale  # dS_ij K_j (BLOCK_M, d)                   (line 15)
         if INTERPRET:  # the interpreter has no TMA reduce: the same sum by atomic adds
-            at = (row0 + m)[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+            at = (head * N_Q + m)[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
             tl.atomic_add(DQ_ACC + at, dq, mask=m[:, None] < N_Q)
-        else:
-            DESC_DQ.atomic_add([row0 + start_m, 0], dq)  # dQ_i += ..., by TMA reduce-add
+        else:  # dQ_i += ..., by TMA reduce-add; rows past N_q are dropped by the copy engine
+            DESC_DQ.atomic_add([head, start_m, 0], dq.reshape(1, BLOCK_M, BLOCK_D))
     return dk, dv
 
 
@@ -130,14 +131,13 @@ def _backward_kernel(K, V, DK, DV, LSE, DELTA, DQ_ACC, DESC_Q, DESC_DO, DESC_DQ,
         in_hi = q_hi
     for g in range(0, GROUP):  # GQA: the query heads that share this K/V head
         head = off_z * H + (off_zhkv % H_KV) * GROUP + g  # (batch, query head) as one index
-        row0 = head * N_Q
         lse = LSE + head.to(tl.int64) * N_Q
         delta = DELTA + head.to(tl.int64) * N_Q
-        dk, dv = _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, lse, delta, row0, q_lo, in_lo,
+        dk, dv = _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, lse, delta, head, q_lo, in_lo,
                                     offs_n, qk_scale, scale, N_Q, N_K, diag_lo, diag_hi, BLOCK_M, BLOCK_D, True, INTERPRET)
-        dk, dv = _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, lse, delta, row0, in_lo, in_hi,
+        dk, dv = _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, lse, delta, head, in_lo, in_hi,
                                     offs_n, qk_scale, scale, N_Q, N_K, diag_lo, diag_hi, BLOCK_M, BLOCK_D, False, INTERPRET)
-        dk, dv = _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, lse, delta, row0, in_hi, q_hi,
+        dk, dv = _over_query_blocks(dk, dv, k, v, DESC_Q, DESC_DO, DESC_DQ, DQ_ACC, lse, delta, head, in_hi, q_hi,
                                     offs_n, qk_scale, scale, N_Q, N_K, diag_lo, diag_hi, BLOCK_M, BLOCK_D, True, INTERPRET)
     tl.store(DK + kv, (dk * scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < N_K)  # (line 16's scale)
     tl.store(DV + kv, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < N_K)
@@ -153,12 +153,14 @@ def _preprocess_kernel(O, DO, DELTA, N_ROWS, BLOCK_D: tl.constexpr, BLOCK_M: tl.
     tl.store(DELTA + rows, tl.sum(o * do, axis=1), mask=rows < N_ROWS)
 
 
-def eligible(q: torch.Tensor, k: torch.Tensor, window: tuple[int, int] | None, varlen: bool) -> bool:
+def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: tuple[int, int] | None,
+             varlen: bool) -> bool:
     """Whether :func:`backward` takes these inputs: a Hopper-or-newer GPU, fp16 or bf16,
-    d = 64 or 128, no window, no varlen."""
+    d = 64 or 128, contiguous q, k, v (so dq, dk, dv come back in their layout), no window,
+    no varlen."""
     return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
             and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in (64, 128)
-            and window is None and not varlen)
+            and all(t.is_contiguous() for t in (q, k, v)) and window is None and not varlen)
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -175,9 +177,11 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _preprocess_kernel[(triton.cdiv(Z * H * N_Q, 64),)](o, do, delta, Z * H * N_Q, BLOCK_D=D, BLOCK_M=64)
     dq_acc = torch.zeros((Z * H * N_Q, D), device=q.device, dtype=torch.float32)
     bm = config[0] if config is not None else 16  # the pre-hook sets it per configuration
-    desc_q = TensorDescriptor.from_tensor(q.view(-1, D), [bm, D])
-    desc_do = TensorDescriptor.from_tensor(do.view(-1, D), [bm, D])
-    desc_dq = TensorDescriptor.from_tensor(dq_acc, [bm, D])
+    # (Z * H, N_q, d) views: a tile never crosses into the next head (the copy engine reads
+    # zeros past N_q and drops additions there)
+    desc_q = TensorDescriptor.from_tensor(q.view(Z * H, N_Q, D), [1, bm, D])
+    desc_do = TensorDescriptor.from_tensor(do.view(Z * H, N_Q, D), [1, bm, D])
+    desc_dq = TensorDescriptor.from_tensor(dq_acc.view(Z * H, N_Q, D), [1, bm, D])
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     kernel = _backward_kernel if config is None else _backward_kernel.fn
     kernel[lambda meta: (triton.cdiv(N_K, meta["BLOCK_N"]), Z * H_KV)](
