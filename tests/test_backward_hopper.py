@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from flashlab.reference import attention, attention_backward
+from flashlab.reference import attention_backward
 from tiers import DEVICE, GPU, needs_gpu, runs_somewhere
 
 # (Z, H, H_kv, N_q, N_k, d, causal): ragged for every block size, N_q != N_k both ways, GQA and MQA

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from flashlab.lab.experiments import gpu_ms, precompile, record
-from flashlab.lab.measure import HEADS_X_D, paper_shape
+from flashlab.lab.experiments import gpu_ms, record
+from flashlab.lab.measure import paper_shape
 from flashlab.reference.naive import attention_flops
 
 NS = (4096, 16384)
@@ -181,6 +181,7 @@ def configs() -> list[dict[str, object]]:
     """The Hopper backward alone, each autotuning candidate, at N = 16k (papers' shape)."""
     from flashlab.kernels import backward_hopper as kh
     from flashlab.kernels.forward import forward
+    from flashlab.lab import compile_report
 
     rows = []
     for d in (64, 128):
@@ -198,26 +199,20 @@ def configs() -> list[dict[str, object]]:
                 except Exception as exc:
                     row = {"d": d, "causal": causal, "config": "x".join(map(str, cfg)), "ms": "", "tflops": "",
                            "status": f"{type(exc).__name__}"}
+                try:  # what this Triton compiles the configuration to (registers, spills, loop mix)
+                    rep = compile_report.report("backward_hopper", cfg, d, causal=causal)
+                    row.update({key: rep.get(key, "") for key in ("registers", "stack_bytes", "shared_bytes")})
+                except Exception as exc:
+                    row["registers"] = f"{type(exc).__name__}"
                 rows.append(row)
                 print(row, flush=True)
     return rows
 
 
-def _compile_hopper(d: int, causal: bool, config: tuple) -> None:
-    """Compile one configuration of the Hopper backward (a precompile worker)."""
-    from flashlab.kernels import backward_hopper as kh
-    from flashlab.kernels.forward import forward
+def _precompile(triton_backward: bool = False) -> None:
+    from flashlab.lab.bench import precompile_kernels
 
-    q, k, v, do = (torch.randn(1, HEADS_X_D // d, 256, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    o, lse2 = forward(q, k, v, causal, d**-0.5)
-    kh.backward(do, q, k, v, o, lse2, causal, d**-0.5, config)
-
-
-def _precompile() -> None:
-    from flashlab.kernels import backward_hopper as kh
-
-    precompile([("flashlab.lab.experiments.backward:_compile_hopper", (d, c, cfg))
-                for d in (64, 128) for c in (False, True) for cfg in kh.CANDIDATES])
+    precompile_kernels((64, 128), passes=("fwd", "fwdbwd") if triton_backward else ("fwd",), hopper=True)
 
 
 def run_check(out: Path) -> list[Path]:
@@ -231,8 +226,5 @@ def run_configs(out: Path) -> list[Path]:
 
 
 def run_speed(out: Path) -> list[Path]:
-    from flashlab.lab.bench import precompile_kernels
-
-    precompile_kernels((64, 128))
-    _precompile()
+    _precompile(triton_backward=True)
     return record("backward_speed", speed(), out)
