@@ -203,6 +203,7 @@ def configs() -> list[dict[str, object]]:
                 except Exception as exc:
                     row = {"d": d, "causal": causal, "config": "x".join(map(str, cfg)), "ms": "", "tflops": "",
                            "status": f"{type(exc).__name__}"}
+                row.update(registers="", stack_bytes="", shared_bytes="")
                 if d == 128 and not causal:  # what this Triton compiles the configuration to
                     try:
                         rep = compile_report.report("backward_hopper", cfg, d)
