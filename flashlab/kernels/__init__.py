@@ -9,7 +9,6 @@
 
 - :mod:`.forward`  — the forward kernel (one program per query block and head)
 - :mod:`.backward` — preprocess D, a dK/dV kernel over key blocks, a dQ kernel over query blocks
-- :mod:`.backward_hopper` — the backward in one pass over key blocks, dQ by TMA reduce-add (sm_90)
 - :mod:`.decoding` — decoding against a long (optionally paged) KV cache with split-KV (flash-decoding)
 - :mod:`.fa3`      — FlashAttention-3's warp-specialised forward in Gluon, for Hopper
 - :mod:`.ops`      — the kernels registered with ``torch.library``, for torch.compile
@@ -87,12 +86,8 @@ def flash_attention(
     deterministic : True (default) computes dQ in its own kernel, bit-identical from run to run;
         False adds dQ contributions with atomic adds inside the dK/dV kernel (the paper's
         single loop), whose summation order, and so whose last bits, vary between runs.
-        On a Hopper GPU, False takes the one-pass backward (backward_hopper.py: TMA loads,
-        dQ by TMA reduce-add) for contiguous fp16/bf16 inputs with d = 64 or 128 and no window
-        or varlen; it is the fast path (chapter 9). dK and dV stay bit-identical either way.
-    impl : which forward kernel runs; the backward is a Triton one (backward.py, or
-        backward_hopper.py as ``deterministic`` says), which takes the forward's lse whichever
-        kernel wrote it.
+    impl : which forward kernel runs; the backward is always the Triton one (backward.py),
+        which takes the forward's lse whichever kernel wrote it.
 
         - "triton" (default): forward.py, every input above, on any CUDA GPU or the interpreter;
         - "gluon": fa3.py, FlashAttention-3's warp-specialised forward, on a Hopper GPU (sm_90)

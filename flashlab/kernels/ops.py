@@ -25,7 +25,6 @@ from typing import Optional
 import torch
 
 from ._common import check_cu_seqlens
-from . import backward_hopper
 from .backward import backward as _backward
 from .decoding import flash_decode as _flash_decode
 from .forward import forward as _forward
@@ -133,16 +132,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        deterministic: bool, cu_seqlens_q: Optional[torch.Tensor],
                        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int,
                        max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) from dO, whatever forward produced (o, lse2): by backward.py, or, with
-    ``deterministic=False`` on a Hopper GPU where it takes the inputs, backward_hopper.py."""
+    """(dq, dk, dv) from dO by backward.py, whatever forward produced (o, lse2)."""
     window_ = None if window is None else (window[0], window[1])
     do, q, k, v, o = (unit_last_stride(t) for t in (do, q, k, v, o))
     cu = None
     if cu_seqlens_q is not None:  # checked by the forward
         cu = (cu_seqlens_q.to(torch.int32).contiguous(), cu_seqlens_k.to(torch.int32).contiguous(),
               max_seqlen_q, max_seqlen_k)
-    if not deterministic and backward_hopper.eligible(q, k, v, window_, cu is not None):
-        return backward_hopper.backward(do, q, k, v, o, lse2, causal, scale)  # one pass, TMA reduce-add of dQ
     return _backward(do, q, k, v, o, lse2, causal, scale, window=window_, deterministic=deterministic, cu_seqlens=cu)
 
 

@@ -209,22 +209,19 @@ def naive_step_costs(
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
 # Asked for by name (--impls): flashlab_gluon, flash_attention(impl="gluon"): the Gluon FA3 forward
 # (sm_90) with the Triton backward; flashlab_fp8, the FP8 forward, inputs quantised before timing;
-# flashlab_gluon_fp8, the same with flash_attention_fp8(impl="gluon"): the Gluon FA3 FP8 forward (sm_90);
-# flashlab_fast, flash_attention(impl="auto", deterministic=False): on sm_90 the Gluon forward and the
-# one-pass Hopper backward (dQ by TMA reduce-add, its last bits varying from run to run).
-OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fp8", "flashlab_gluon_fp8", "flashlab_fast")
+# flashlab_gluon_fp8, the same with flash_attention_fp8(impl="gluon"): the Gluon FA3 FP8 forward (sm_90).
+OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fp8", "flashlab_gluon_fp8")
 FORWARD_ONLY_IMPLS = ("flashlab_fp8", "flashlab_gluon_fp8")
 FP8_BLOCK = 128  # rows per descale of flashlab_fp8's Q and K
 FP8_V_BLOCK = None  # ... and of its V: one descale per (batch, head), as FlashAttention-3 scales V (chapter 6)
 
 
 def _impl(name: str, causal: bool) -> Callable:
-    if name in ("flashlab", "flashlab_gluon", "flashlab_fast"):
+    if name in ("flashlab", "flashlab_gluon"):
         from flashlab.kernels import flash_attention
 
-        impl = {"flashlab": "triton", "flashlab_gluon": "gluon", "flashlab_fast": "auto"}[name]
-        deterministic = name != "flashlab_fast"
-        return lambda q, k, v: flash_attention(q, k, v, causal=causal, impl=impl, deterministic=deterministic)
+        impl = "gluon" if name == "flashlab_gluon" else "triton"
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal, impl=impl)
     if name == "naive":
         return lambda q, k, v: naive_attention_torch(q, k, v, causal)
     if name.startswith("sdpa_"):
@@ -249,11 +246,9 @@ def _forward_fn(name: str, causal: bool, q: torch.Tensor, k: torch.Tensor, v: to
 
 
 def _compile_one(kind: str, d: int, causal: bool, config: tuple) -> None:
-    """Compile one configuration of flashlab's forward (``kind="fwd"``, config a Candidate),
-    backward (``"bwd"``, config = (dK/dV, dQ) Candidates) or Hopper backward (``"hopper"``, a
-    Candidate of backward_hopper) by running it once on a small input
+    """Compile one configuration of flashlab's forward (``kind="fwd"``, config a Candidate) or
+    backward (``"bwd"``, config = (dK/dV, dQ) Candidates) by running it once on a small input
     whose integer arguments specialise like the suite's (multiples of 16, H = HEADS_X_D / d)."""
-    from flashlab.kernels import backward_hopper
     from flashlab.kernels.backward import backward
     from flashlab.kernels.forward import forward
 
@@ -261,20 +256,16 @@ def _compile_one(kind: str, d: int, causal: bool, config: tuple) -> None:
     with torch.no_grad():
         if kind == "fwd":
             forward(q, k, v, causal, d**-0.5, config)
-        elif kind == "hopper":  # any forward configuration will do: only its lse is read
-            o, lse2 = forward(q, k, v, causal, d**-0.5, (64, 64, 4, 2))
-            backward_hopper.backward(do, q, k, v, o, lse2, causal, d**-0.5, config)
         else:
             o, lse2 = forward(q, k, v, causal, d**-0.5)
             backward(do, q, k, v, o, lse2, causal, d**-0.5, config)
 
 
-def precompile_kernels(ds: tuple[int, ...], causals: tuple[bool, ...] = (False, True), passes=("fwd", "fwdbwd"),
-                       hopper: bool = False) -> None:
+def precompile_kernels(ds: tuple[int, ...], causals: tuple[bool, ...] = (False, True), passes=("fwd", "fwdbwd")) -> None:
     """Compile every autotuning candidate of flashlab's kernels for these head dimensions and
     masks in parallel worker processes (:func:`flashlab.lab.experiments.precompile`), so that the
     suite's autotuner, which tries the candidates one after another, finds them in Triton's
-    cache instead of compiling each in turn. ``hopper``: backward_hopper's candidates too."""
+    cache instead of compiling each in turn."""
     from flashlab.kernels import backward as kb, forward as kf
 
     calls = []
@@ -287,10 +278,6 @@ def precompile_kernels(ds: tuple[int, ...], causals: tuple[bool, ...] = (False, 
             calls += [("flashlab.lab.bench:_compile_one", ("fwd", d, causal, c)) for c in fwd]
             if "fwdbwd" in passes:  # pairs, so each worker compiles one dK/dV and one dQ configuration
                 calls += [("flashlab.lab.bench:_compile_one", ("bwd", d, causal, pair)) for pair in zip(dkdv, dq)]
-            if hopper and d in (64, 128):  # backward_hopper's candidates
-                from flashlab.kernels import backward_hopper
-
-                calls += [("flashlab.lab.bench:_compile_one", ("hopper", d, causal, c)) for c in backward_hopper.CANDIDATES]
     precompile(calls)
 
 
@@ -387,8 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"implementations of the kernel suite (default {' '.join(KERNEL_IMPLS)}; "
                              "flashlab_gluon: the Gluon FA3 forward with the Triton backward, on sm_90; "
                              "flashlab_fp8: the FP8 forward, on a GPU with FP8 tensor cores; "
-                             "flashlab_gluon_fp8: the Gluon FA3 FP8 forward, on sm_90; "
-                             "flashlab_fast: impl='auto', deterministic=False, the fastest flashlab on this GPU)")
+                             "flashlab_gluon_fp8: the Gluon FA3 FP8 forward, on sm_90)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
     args = parser.parse_args(argv)
     import signal
@@ -409,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     written: list[Path] = []
     if args.suite in ("all", "kernels"):
         impls = tuple(args.impls) if args.impls else KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
-        if device == "cuda" and {"flashlab", "flashlab_gluon", "flashlab_fast"} & set(impls):  # their backward
-            precompile_kernels(tuple(args.ds), passes=tuple(args.passes), hopper="flashlab_fast" in impls)
+        if device == "cuda" and ("flashlab" in impls or "flashlab_gluon" in impls):  # the latter's backward
+            precompile_kernels(tuple(args.ds), passes=tuple(args.passes))
         rows = kernel_suite(ns, tuple(args.ds), impls=impls, device=device, dtype=dtype, tokens=tokens,
                             passes=tuple(args.passes))
         slug = gpu_slug() if device == "cuda" else "cpu"

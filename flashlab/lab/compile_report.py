@@ -47,7 +47,7 @@ __all__ = ["CASES", "compile_case", "loop_mix", "main", "report"]
 TARGET_ARCH = 90  # Hopper: H100, H200
 REGISTERS_PER_SM = 65536
 SHARED_PER_SM = 228 * 1024
-KERNELS = ("forward", "fp8", "fa4", "backward_hopper")
+KERNELS = ("forward", "fp8", "fa4", "backward_one_pass")
 OPCODES = ("HGMMA", "QGMMA", "MUFU", "FMUL", "FFMA", "FADD", "FMNMX", "F2FP", "SHFL", "LDL", "STL")
 
 # (kernel, (BLOCK_M, BLOCK_N, warps, stages[, maxnreg]), d, options) compiled by main(): the
@@ -128,7 +128,7 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
     :func:`~flashlab.lab.variants.fp8_schedules.schedule_constexprs` derives from them (the
     teaching kernel :mod:`flashlab.kernels.fp8` when neither is set). "fa4": bf16, options
     poly_fraction and rescale_threshold as :func:`flashlab.kernels.fa4.flash_attention_fa4`
-    takes them. "backward_hopper": the one-pass bf16 backward (:mod:`flashlab.kernels.backward_hopper`),
+    takes them. "backward_one_pass": the one-pass bf16 backward (:mod:`flashlab.lab.variants.backward_one_pass`),
     option causal. Returns Triton's CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -172,8 +172,8 @@ def compile_case(kernel: str, config: tuple[int, ...], d: int = 128, **options):
         if scheduled:
             cx.update(fp8_schedules.schedule_constexprs(pipeline, theta))
         scalars = {"qk_scale": "fp32"}
-    elif kernel == "backward_hopper":
-        from flashlab.kernels import backward_hopper as kh
+    elif kernel == "backward_one_pass":
+        from flashlab.lab.variants import backward_one_pass as kh
 
         fn = kh._backward_kernel.fn
         pointers = {n: "*bf16" for n in ("K", "V", "DK", "DV")} | {n: "*fp32" for n in ("LSE", "DELTA", "DQ_ACC")}

@@ -1,11 +1,12 @@
 """The backward pass against cuDNN: flashlab's teaching backward (deterministic and atomic dQ)
-and the one-pass Hopper backward (:mod:`flashlab.kernels.backward_hopper`), in one process.
+and the one-pass variant with TMA loads and a TMA reduce-add of dQ
+(:mod:`flashlab.lab.variants.backward_one_pass`), in one process.
 
     python -m flashlab.lab.experiments backward_check backward_configs backward_speed --out results
 
 Writes three records:
 
-- ``backward_check_<gpu>``: the Hopper backward's gradients against a float32 PyTorch
+- ``backward_check_<gpu>``: the one-pass backward's gradients against a float32 PyTorch
   reference, beside the error of PyTorch attention in the same low precision (the flash-attn
   rule: kernel error <= 2 x that error + 1e-5), over causal and non-causal, ragged N, N_q != N_k,
   GQA, fp16 and bf16; and whether dK, dV come out bit-identical twice.
@@ -14,7 +15,7 @@ Writes three records:
   sequence (16 heads, d = 128): SDPA cuDNN, and flashlab's forward (Triton, and the Gluon FA3
   forward where it runs) with each backward. Times are medians of do_bench; the backward alone
   is timed too. Also the bf16 matmul ceiling, measured here.
-- ``backward_configs_<gpu>``: the Hopper backward's time for each autotuning candidate at
+- ``backward_configs_<gpu>``: the one-pass backward's time for each autotuning candidate at
   N = 16k, so the choice the autotuner makes can be read.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from flashlab.lab.experiments import gpu_ms, record
+from flashlab.lab.experiments import gpu_ms, precompile, record
 from flashlab.lab.measure import paper_shape
 from flashlab.reference.naive import attention_flops
 
@@ -59,18 +60,19 @@ def _forward(impl: str):
 
 
 def _backward(name: str):
-    from flashlab.kernels import backward as kb, backward_hopper as kh
+    from flashlab.kernels import backward as kb
+    from flashlab.lab.variants import backward_one_pass as kh
 
-    if name == "hopper":
+    if name == "one_pass":
         return lambda do, q, k, v, o, lse2, causal, scale: kh.backward(do, q, k, v, o, lse2, causal, scale)
     return lambda do, q, k, v, o, lse2, causal, scale: kb.backward(
         do, q, k, v, o, lse2, causal, scale, deterministic=(name == "teaching_det"))
 
 
 def check() -> list[dict[str, object]]:
-    """The Hopper backward against float32 PyTorch, as the module docstring says."""
+    """The one-pass backward against float32 PyTorch, as the module docstring says."""
     from flashlab.kernels.forward import forward
-    from flashlab.kernels.backward_hopper import backward
+    from flashlab.lab.variants.backward_one_pass import backward
 
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -126,7 +128,7 @@ def _flashlab(q, k, v, do, causal, fwd_impl, bwd_name):
 
 
 CONTENDERS = [("sdpa_cudnn", None, None), ("flashlab", "triton", "teaching_det"), ("flashlab", "triton", "teaching_atomic"),
-              ("flashlab", "triton", "hopper"), ("flashlab", "gluon", "hopper")]
+              ("flashlab", "triton", "one_pass"), ("flashlab", "gluon", "one_pass")]
 
 
 def _shapes():
@@ -182,8 +184,8 @@ def speed(out: Path | None = None) -> list[dict[str, object]]:
 
 
 def configs() -> list[dict[str, object]]:
-    """The Hopper backward alone, each autotuning candidate, at N = 16k (papers' shape)."""
-    from flashlab.kernels import backward_hopper as kh
+    """The one-pass backward alone, each autotuning candidate, at N = 16k (papers' shape)."""
+    from flashlab.lab.variants import backward_one_pass as kh
     from flashlab.kernels.forward import forward
     from flashlab.lab import compile_report
 
@@ -206,7 +208,7 @@ def configs() -> list[dict[str, object]]:
                 row.update(registers="", stack_bytes="", shared_bytes="")
                 if d == 128 and not causal:  # what this Triton compiles the configuration to
                     try:
-                        rep = compile_report.report("backward_hopper", cfg, d)
+                        rep = compile_report.report("backward_one_pass", cfg, d)
                         row.update({key: rep.get(key, "") for key in ("registers", "stack_bytes", "shared_bytes")})
                     except Exception as exc:
                         row["registers"] = f"{type(exc).__name__}"
@@ -215,10 +217,23 @@ def configs() -> list[dict[str, object]]:
     return rows
 
 
+def _compile_one_pass(d: int, causal: bool, config: tuple) -> None:
+    """Compile one configuration of the one-pass backward (a precompile worker)."""
+    from flashlab.kernels.forward import forward
+    from flashlab.lab.variants import backward_one_pass as kh
+
+    q, k, v, do = (torch.randn(1, 2048 // d, 256, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    o, lse2 = forward(q, k, v, causal, d**-0.5, (64, 64, 4, 2))  # any configuration: only lse is read
+    kh.backward(do, q, k, v, o, lse2, causal, d**-0.5, config)
+
+
 def _precompile(triton_backward: bool = False) -> None:
     from flashlab.lab.bench import precompile_kernels
+    from flashlab.lab.variants import backward_one_pass as kh
 
-    precompile_kernels((64, 128), passes=("fwd", "fwdbwd") if triton_backward else ("fwd",), hopper=True)
+    precompile_kernels((64, 128), passes=("fwd", "fwdbwd") if triton_backward else ("fwd",))
+    precompile([("flashlab.lab.experiments.backward:_compile_one_pass", (d, c, cfg))
+                for d in (64, 128) for c in (False, True) for cfg in kh.CANDIDATES])
 
 
 def run_check(out: Path) -> list[Path]:

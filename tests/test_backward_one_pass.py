@@ -1,4 +1,4 @@
-"""The one-pass Hopper backward (flashlab.kernels.backward_hopper).
+"""The one-pass backward variant (flashlab.lab.variants.backward_one_pass).
 
 On a CPU it runs under Triton's interpreter in float32 (tl.dot exact to fp32 rounding; the
 interpreter has no TMA reduce, so dQ is summed by atomic adds there), against the float64
@@ -6,8 +6,7 @@ reference with the fp32 bound of the tolerance policy (1e-5, relative to the lar
 entry, as tests/test_kernels.py's candidate test uses 1e-4 for 16-wide interpreter tiles),
 and it is compiled for sm_90 to check that the copy engine does the moving. On a GPU: bf16 and
 fp16 against float64 with the flash-attn rule (<= 2x plain PyTorch's error in the same
-precision + 1e-5), dK and dV bit-identical from run to run, and flash_attention's
-deterministic=False routed here.
+precision + 1e-5), and dK and dV bit-identical from run to run.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def _reference(q, k, v, do, causal):
 
 
 def _run(q, k, v, do, causal, config=None):
-    from flashlab.kernels.backward_hopper import backward
+    from flashlab.lab.variants.backward_one_pass import backward
     from flashlab.kernels.forward import forward
 
     scale = q.shape[-1] ** -0.5
@@ -92,7 +91,7 @@ def test_rows_of_the_next_head_never_leak_in():
 
 
 def test_eligible_names_what_it_takes():
-    from flashlab.kernels.backward_hopper import eligible
+    from flashlab.lab.variants.backward_one_pass import eligible
 
     cpu = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
     assert not eligible(cpu, cpu, cpu, None, False)  # not on a Hopper GPU
@@ -101,14 +100,14 @@ def test_eligible_names_what_it_takes():
 def test_compiled_for_sm90_the_copy_engine_moves_q_do_and_dq():
     """Compiled for an H100/H200 on this CPU: Q and dO arrive by TMA (cp.async.bulk.tensor),
     dQ leaves by a TMA reduce-add (cp.reduce.async.bulk.tensor ... .add), the products run on
-    wgmma, and no register spills to local memory at the configuration the GPU picks for d = 64."""
+    wgmma. (Spills depend on the Triton version: recorded, not asserted.)"""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
         "import json, re\n"
         "from flashlab.lab import compile_report as c\n"
         "out = {}\n"
         "for d, cfg in ((64, (64, 128, 8, 2)), (128, (64, 128, 8, 2))):\n"
-        "    k = c.compile_case('backward_hopper', cfg, d, causal=True)\n"
+        "    k = c.compile_case('backward_one_pass', cfg, d, causal=True)\n"
         "    ptx = k.asm['ptx']\n"
         "    usage = c._cuobjdump(k.asm['cubin'], '-res-usage')\n"
         "    out[d] = dict(reduce=len(re.findall(r'cp\\.reduce\\.async\\.bulk\\.tensor\\.\\dd[^;]*add', ptx)),\n"
@@ -124,7 +123,6 @@ def test_compiled_for_sm90_the_copy_engine_moves_q_do_and_dq():
     for d, f in found.items():
         assert f["reduce"] >= 1 and f["red"] == 0, f"d={d}: dQ is not added by a TMA reduce: {f}"
         assert f["loads"] >= 2 and f["wgmma"] > 0, f"d={d}: no TMA loads or no wgmma: {f}"
-    assert found["64"]["stack"] == 0, found
 
 
 # ------------------------------------------------------------------------------------- GPU
@@ -156,7 +154,7 @@ def test_gpu_matches_float64(shape, dtype):
 @needs_gpu
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_every_candidate(d):
-    from flashlab.kernels.backward_hopper import CANDIDATES
+    from flashlab.lab.variants.backward_one_pass import CANDIDATES
 
     q, k, v, do = _inputs(1, 2, 1, 1000, 1100, d, seed=d, dtype=torch.bfloat16)
     for config in CANDIDATES:
@@ -168,7 +166,7 @@ def test_gpu_dk_dv_bit_identical_and_buffers_overwritten():
     """dK, dV: each program writes its own rows once, so two runs agree bit for bit; dQ's
     additions arrive in any order, so it is only close. Poisoned (NaN) output memory from an
     earlier allocation must be overwritten everywhere."""
-    from flashlab.kernels.backward_hopper import backward
+    from flashlab.lab.variants.backward_one_pass import backward
     from flashlab.kernels.forward import forward
 
     q, k, v, do = _inputs(2, 4, 4, 1000, 1000, 128, seed=9, dtype=torch.bfloat16)
@@ -179,17 +177,3 @@ def test_gpu_dk_dv_bit_identical_and_buffers_overwritten():
     assert all(torch.isfinite(t).all() for t in a)
     assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
     assert torch.allclose(a[0], b[0], atol=1e-2)
-
-
-@needs_gpu
-def test_gpu_flash_attention_non_deterministic_takes_the_hopper_backward(monkeypatch):
-    from flashlab.kernels import backward_hopper, flash_attention
-
-    calls = []
-    real = backward_hopper.backward
-    monkeypatch.setattr(backward_hopper, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    q, k, v, do = _inputs(1, 2, 2, 256, 256, 128, dtype=torch.bfloat16)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    flash_attention(q, k, v, causal=True, deterministic=False).backward(do)
-    hopper = torch.cuda.get_device_capability()[0] >= 9
-    assert calls == ([1] if hopper else [])

@@ -1,9 +1,10 @@
-"""FlashAttention-2's backward in one pass over the keys, with what Hopper adds (sm_90).
+"""FlashAttention-2's backward in one pass over the keys, with what Hopper adds (sm_90): a lab
+variant, measured against the teaching backward and found slower (see below).
 
-The teaching backward (:mod:`.backward`) recomputes S and P twice when it is deterministic:
-once in the dK/dV program, once in the dQ program. Per (query block, key block) pair that
-is 7 matrix products instead of the paper's 5. This kernel does the paper's 5, in one
-program per key block j (FA2 Algorithm 2, with dQ accumulated as FA3 does):
+The teaching backward (:mod:`flashlab.kernels.backward`) recomputes S and P twice when it is
+deterministic: once in the dK/dV program, once in the dQ program. Per (query block, key
+block) pair that is 7 matrix products instead of the paper's 5. This variant does the
+paper's 5, in one program per key block j (FA2 Algorithm 2, with dQ accumulated as FA3 does):
 
     S_ij^T = K_j Q_i^T                                   (BLOCK_N, BLOCK_M)   (Alg. 2 line 10)
     P_ij^T = exp2(S_ij^T * scale * log2 e - L_i)         recomputed from lse  (line 11)
@@ -21,15 +22,23 @@ Two Hopper units do the moving:
 - dQ_i's contribution leaves through a **TMA reduce-add** (``cp.reduce.async.bulk.tensor``):
   the (BLOCK_M, d) fp32 tile is written to shared memory once and the copy engine adds it
   into HBM, instead of 32 atomic instructions per thread. Many key blocks add into the same
-  dQ_i in an order that changes from run to run, so dQ's bits do too (``deterministic=False``
-  in :func:`flashlab.kernels.flash_attention`); dK and dV are always bit-identical.
+  dQ_i in an order that changes from run to run, so dQ's bits do too; dK and dV are
+  bit-identical from run to run.
 
 A last elementwise step casts the fp32 dQ buffer to the inputs' dtype.
 
 What it takes: fp16 or bf16, contiguous (Z, H, N, d) tensors with d = 64 or 128 (a TMA tile
 row must be a power of two of 16-byte multiples, and d = 256 does not fit shared memory),
-causal or not, any N_q and N_k, GQA. Sliding windows and packed varlen input use the
-teaching backward (:func:`eligible` says which).
+causal or not, any N_q and N_k, GQA; no sliding window or varlen (:func:`eligible`).
+
+What was measured (H200, Triton 3.6, results/backward_speed_h200.csv, where its rows are
+named "hopper"): the backward alone is 3-14 % *slower* than the teaching two-kernel backward,
+although it does 5/7 of the matrix work (d = 128, N = 16k: 17.0 against 14.9 ms), and within
+a few per cent of the teaching atomic path: its products run at about 60 % of the two
+kernels' rate. The likely reason, not yet measured on the GPU: with dK_j, dV_j, S, dP and dQ
+live at once the compiler runs out of registers (compiled for sm_90, Triton 3.6 spills 16
+bytes per thread even at d = 64, Triton 3.9 112 bytes at d = 128), and each step waits for
+its dQ tile to leave shared memory. results/backward_one_pass/README.md has the numbers.
 
 Glossary: D = rowsum(dO * O); L = lse in log2 units; reduce-add = 归约加.
 """
@@ -41,7 +50,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import AUTOTUNE_OPTIONS, INTERPRET, LOG2E, Candidate, configs, launch_options, visible_range_tl, window_bounds
+from flashlab.kernels._common import (AUTOTUNE_OPTIONS, INTERPRET, LOG2E, Candidate, configs, launch_options,
+                                      visible_range_tl, window_bounds)
 
 __all__ = ["CANDIDATES", "eligible", "backward"]
 
