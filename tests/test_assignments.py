@@ -509,6 +509,32 @@ def test_grade_survives_bad_submissions(tmp_path: Path, built: dict) -> None:
     assert all(v[1] == "missing" for k, v in got.items() if k[0] == "stray")
 
 
+def test_a_named_pipe_or_a_huge_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A FIFO named like a chapter used to block the grader's read, so no one was graded; a
+    very large notebook cost the grader its memory. Both score 0 at once, with the reason."""
+    import os
+    import threading
+
+    from flashlab.course.grader import grade_notebook, grading
+
+    sub = tmp_path / "sub"
+    (sub / "mallory").mkdir(parents=True)
+    os.mkfifo(sub / "mallory" / f"{FIXTURE.stem}.ipynb")
+    (sub / "big").mkdir()
+    big = sub / "big" / f"{FIXTURE.stem}.ipynb"
+    with open(big, "wb") as f:
+        f.truncate(grading.MAX_NOTEBOOK_BYTES + 1)
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(
+        fifo=grade_notebook(sub / "mallory" / f"{FIXTURE.stem}.ipynb", FIXTURE),
+        big=grade_notebook(big, FIXTURE)), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "reading the named pipe blocked the grader"
+    for name, words in (("fifo", "not a regular file"), ("big", "MiB is read")):
+        assert all(s.points == 0 and s.status == "error" and words in s.message for s in result[name]), result[name]
+
+
 def test_grade_rejects_a_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="one folder per student"):
         grade(tmp_path / "nowhere", tmp_path / "g.csv", notebooks=[FIXTURE])

@@ -20,6 +20,7 @@ import yaml
 from flashlab.course import assignments
 from flashlab.course.grader import grade_notebook, policy
 from flashlab.course.grader.notebook import NOTEBOOKS_DIR, exercises, replace_solution_body
+from flashlab.course.grader.session import FORBIDDEN, held_specs
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "fixtures" / "90_toy_chapter.ipynb"
@@ -27,6 +28,13 @@ BOOK = [*sorted(NOTEBOOKS_DIR.glob("*.ipynb")), FIXTURE]
 STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 #: Mutants the policy refuses: wrong answers that reach a private package function.
 REFUSED_MUTANTS = {"ch06-ex1-calls-build": "`_build`"}
+#: ... and wrong answers that call the package function their exercise asks them to write.
+REFUSED_MUTANTS.update({name: "an exercise asks you to write it yourself" for name in (
+    "ch05-ex4-calls-warp-exchange", "ch06-ex2-calls-package", "ch03-ex1-calls-flash1-step",
+    "ch04-ex1-calls-count-flash", "ch05-ex2-calls-schedule", "ch07-ex2-calls-softexp-helpers",
+    "ch10-ex1-calls-combine", "ch10-ex2-calls-ring-step-bytes")})
+#: Every function the grader holds, as grading passes them to the policy.
+HELD = held_specs(FORBIDDEN)
 
 
 def _solutions() -> dict[str, tuple[str, list[str]]]:
@@ -48,15 +56,16 @@ VARIANTS = [e for name in ("correct.yaml", "mutants.yaml")
 def test_the_answer_key_and_the_stub_pass(name: str) -> None:
     source, book = SOLUTIONS[name]
     for cell in (source, replace_solution_body(source, STUB)):
-        assert policy.check_cells([(0, name, cell)], book) == [], f"{name}: {policy.check_cells([(0, name, cell)], book)}"
+        found = policy.check_cells([(0, name, cell)], book, HELD)
+        assert found == [], f"{name}: {[str(v) for v in found]}"
 
 
 @pytest.mark.parametrize("entry", VARIANTS, ids=[e["id"] for e in VARIANTS])
 def test_the_banks_answers_pass(entry: dict) -> None:
     source, book = SOLUTIONS[entry["exercise"]]
-    found = policy.check_cells([(0, entry["id"], replace_solution_body(source, entry["body"]))], book)
+    found = policy.check_cells([(0, entry["id"], replace_solution_body(source, entry["body"]))], book, HELD)
     if entry["id"] in REFUSED_MUTANTS:
-        assert found and REFUSED_MUTANTS[entry["id"]] in found[0].what
+        assert found and any(REFUSED_MUTANTS[entry["id"]] in v.what for v in found), [str(v) for v in found]
     else:
         assert found == [], f"{entry['id']}: {[str(v) for v in found]}"
 
@@ -112,6 +121,36 @@ def test_each_rule_refuses_a_minimal_example(source: str, line: int, words: str)
     assert found, f"{source!r} passed the policy"
     assert any(v.line == line and words in v.what for v in found), [str(v) for v in found]
     assert str(found[0]).startswith("cell 7 (toy-ex1-solution), line ")
+
+
+HELD_CELLS = ["from flashlab.sim.events import pingpong, Tile\nfrom flashlab.reference import ring"]
+# Naming a held function at all (a table of its answers could be built while the chapter's
+# cells run, when the grader still serves it): (cell, line, the function named)
+HELD_REFUSED = [
+    ("table = {s: pingpong(Tile(), 16, s) for s in range(1, 16)}", 1, "pingpong"),
+    ("from flashlab.reference.ring import shard_positions as sp", 1, "shard_positions"),
+    ("x = 1\nt = ring.shard_positions(4, 8, 0)", 2, "shard_positions"),
+    ("import flashlab.sim.events as ev\nf = ev.pingpong", 2, "pingpong"),
+    ("from flashlab.sim import events\ndef f():\n    return events.pingpong", 3, "pingpong"),
+]
+
+
+@pytest.mark.parametrize("source, line, name", HELD_REFUSED)
+def test_naming_a_held_function_is_refused(source: str, line: int, name: str) -> None:
+    found = policy.check_cells([(3, "", source)], HELD_CELLS, ["flashlab.sim.events:pingpong",
+                                                             "flashlab.reference.ring:shard_positions"])
+    assert any(v.line == line and f"`{name}`" in v.what and "write it yourself" in v.what for v in found), \
+        [str(v) for v in found]
+
+
+def test_a_students_own_function_of_a_held_name_passes() -> None:
+    """Writing ``pingpong`` yourself is allowed where the book did not import the package's
+    (where it did, the name stays refused: a cell before the student's def would reach the
+    book's)."""
+    source = "def pingpong(tile, n, s):\n    return [tile, n, s]\nx = pingpong(1, 4, 2)"
+    held = ["flashlab.sim.events:pingpong"]
+    assert policy.check_cells([(0, "", source)], ["import numpy as np"], held) == []
+    assert policy.check_cells([(0, "", source)], HELD_CELLS, held) != []
 
 
 ALLOWED = [

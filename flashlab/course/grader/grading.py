@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import stat
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -168,11 +169,21 @@ def linked(root: str | Path, path: str | Path) -> bool:
     return any(p.is_symlink() for p in steps) or not path.resolve().is_relative_to(root.resolve())
 
 
+#: The largest submitted notebook read (bytes): a chapter with its outputs is well under 5 MB.
+MAX_NOTEBOOK_BYTES = 20 << 20
+
+
 def _read(submission: str | Path | nbformat.NotebookNode) -> nbformat.NotebookNode:
     if isinstance(submission, nbformat.NotebookNode):
         return submission
-    if Path(submission).is_symlink():  # it could name the answer key, or a classmate's notebook
+    info = os.lstat(submission)
+    if stat.S_ISLNK(info.st_mode):  # it could name the answer key, or a classmate's notebook
         raise ValueError("the submission is a symbolic link, not a notebook")
+    if not stat.S_ISREG(info.st_mode):  # reading a FIFO or a device would block the whole run
+        raise ValueError("the submission is not a regular file (a named pipe, a device or a folder)")
+    if info.st_size > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is {info.st_size / 2**20:.0f} MiB; at most {MAX_NOTEBOOK_BYTES >> 20} MiB "
+                         "is read (clear large outputs and submit again)")
     nb = nbformat.read(submission, as_version=4)
     if not isinstance(nb.get("cells"), list):
         raise ValueError("no list of cells")
@@ -243,7 +254,7 @@ def grade_notebook(submission: str | Path | nbformat.NotebookNode, source: str |
     except Exception as exc:  # noqa: BLE001
         return _all(found, "error", f"could not prepare the notebook: {type(exc).__name__}: {exc}"[:300])
     if code_policy:
-        violations = policy.check_notebook(nb, source_nb)
+        violations = policy.check_notebook(nb, source_nb, held_specs(FORBIDDEN))
         if violations:
             return _all(found, "error", policy.summary(violations)[:500])
     tests_at = {w[1]: ex for ex, w in ((ex, where[ex.name]) for ex in found) if w is not None}

@@ -27,7 +27,12 @@ and refuses:
   IPython, or a name bound to one of those): ``np.asarray = ...`` is refused,
   ``self.m = ...`` is not;
 - ``str.format`` and ``format_map`` on a format string that is not a literal, or
-  whose fields look attributes or items up (``"{0.x}"``, ``"{0[k]}"``).
+  whose fields look attributes or items up (``"{0.x}"``, ``"{0[k]}"``);
+- naming a package function the grader holds (``held``: those an exercise asks the student
+  to write, :func:`.session.held_specs`): importing it, looking it up on its module
+  (``events.pingpong``), or using a name the book's cells imported it as. The grader refuses
+  these functions only while the tests run; a cell that names one could call it earlier,
+  while the chapter's cells run, and keep a table of its answers for the tests to find.
 
 One violation anywhere costs the whole notebook (:func:`.grading.grade_notebook`).
 """
@@ -239,11 +244,18 @@ class _Bindings(ast.NodeVisitor):
         return isinstance(root, ast.Name) and root.id not in own
 
 
+def _held_paths(held: Iterable[str]) -> frozenset[str]:
+    """Dotted paths (``flashlab.sim.events.pingpong``) of the held module-level functions and
+    classes among ``held`` ("module:qualname"); a method (``Cls.update``) is held through
+    its instances, which no static check can follow, so it is left to the grader."""
+    return frozenset(spec.replace(":", ".") for spec in held if "." not in spec.split(":", 1)[1])
+
+
 class _Checker(ast.NodeVisitor):
     """Second pass over one cell: every construct the policy refuses, with its line."""
 
-    def __init__(self, own: set[str], modules: dict[str, str]) -> None:
-        self.own, self.modules = own, modules
+    def __init__(self, own: set[str], modules: dict[str, str], held: frozenset[str] = frozenset()) -> None:
+        self.own, self.modules, self.held = own, modules, held
         self.found: list[tuple[int, str]] = []
         self._class_depth: list[bool] = []  # per enclosing scope: is it a class body?
         self._membership: set[int] = set()  # ids of `globals()` calls inside `"x" in globals()`
@@ -269,7 +281,14 @@ class _Checker(ast.NodeVisitor):
             self._refuse(node, f"the name `{name}` is not allowed in a submission (it can reach the grader's "
                                "objects)")
 
+    def _held(self, node: ast.AST, path: str | None) -> None:
+        if path is not None and path in self.held:
+            self._refuse(node, f"`{path.rsplit('.', 1)[1]}` (`{path}`) is not allowed in a submission: an "
+                               "exercise asks you to write it yourself, so the grader holds the package's own")
+
     def visit_Name(self, node: ast.Name) -> None:
+        if node.id not in self.own:  # a name the book's cells (or an import) bound to a held function
+            self._held(node, self.modules.get(node.id))
         if node.id == "globals" and id(node) in self._membership:
             return
         if node.id == _MAGIC:
@@ -356,6 +375,7 @@ class _Checker(ast.NodeVisitor):
                 self._refuse(node, f"importing `{full}` is not allowed in a submission")
             self._attribute_name(node, alias.name)
             self._identifier(node, alias.asname or alias.name, "name")
+            self._held(node, full)
 
     # ------------------------------------------------------------ attributes
 
@@ -383,6 +403,7 @@ class _Checker(ast.NodeVisitor):
         if path is not None and _forbidden_path(path):
             self._refuse(node, f"`{path}` is not allowed in a submission (it loads pickles or compiled code, "
                                "or reaches the runtime's internals)")
+        self._held(node, path)
         if isinstance(node.ctx, (ast.Store, ast.Del)):
             self._store(node)
         self.generic_visit(node)
@@ -439,7 +460,8 @@ def _tree(source: str) -> ast.Module:
     return served.parse(transformed(source))
 
 
-def check_cells(cells: Sequence[tuple[int, str, str]], book_sources: Iterable[str] = ()) -> list[Violation]:
+def check_cells(cells: Sequence[tuple[int, str, str]], book_sources: Iterable[str] = (),
+                held: Iterable[str] = ()) -> list[Violation]:
     """Every construct the policy refuses in ``cells``, in cell and line order.
 
     Parameters
@@ -450,6 +472,8 @@ def check_cells(cells: Sequence[tuple[int, str, str]], book_sources: Iterable[st
     book_sources : iterable of str
         The book's code cells: the modules they import count as modules (``np`` bound by
         the book's ``import numpy as np`` cannot be changed either).
+    held : iterable of str
+        Package functions the grader holds ("module:qualname"), which the cells may not name.
 
     A cell that does not parse is a violation too (it could not run anyway).
     """
@@ -473,8 +497,9 @@ def check_cells(cells: Sequence[tuple[int, str, str]], book_sources: Iterable[st
             continue
     modules = {**book.modules, **bindings.modules}
     own = bindings.owned() - set(modules)
+    held_paths = _held_paths(held)
     for index, label, tree in trees:
-        checker = _Checker(own, modules)
+        checker = _Checker(own, modules, held_paths)
         checker.visit(tree)
         found += [Violation(index, label, line, what) for line, what in checker.found]
     return sorted(set(found), key=lambda v: (v.cell, v.line, v.what))
@@ -494,10 +519,10 @@ def checked_cells(notebook, book) -> list[tuple[int, str, str]]:
     return picked
 
 
-def check_notebook(notebook, book) -> list[Violation]:
+def check_notebook(notebook, book, held: Iterable[str] = ()) -> list[Violation]:
     """:func:`check_cells` of the cells :func:`checked_cells` picks, the book's cells as context."""
     sources = [cell.source for cell in book.cells if cell.cell_type == "code"]
-    return check_cells(checked_cells(notebook, book), sources)
+    return check_cells(checked_cells(notebook, book), sources, held)
 
 
 def summary(violations: Sequence[Violation]) -> str:
