@@ -45,6 +45,10 @@ OUTPUT_CAP = 200_000
 #: The largest message (bytes) the grader takes from a kernel; a kernel that sends a larger one
 #: is disconnected, and its cell runs out of time.
 MAX_MESSAGE = 160 << 20
+#: The largest result (bytes of encoded data) a student's function may return to the tests: an
+#: exercise's answer is a few arrays of test size, and a larger one (a tuple of millions of
+#: strings) would cost the grader's process gigabytes once decoded.
+MAX_RESULT = 16 << 20
 #: Seconds a kernel gets to start, to answer an interrupt, to shut down.
 START_TIMEOUT_S = 120.0
 INTERRUPT_GRACE_S = 5.0
@@ -464,6 +468,9 @@ class KernelSession:
         if not run.replies:
             raise RemoteError(f"the kernel gave no result for {name}(...) "
                               f"({run.outcome.line if not run.outcome.ok else 'no reply'})")
+        if len(run.replies[-1]) > MAX_RESULT:
+            raise RemoteError(f"{name}(...) returned {len(run.replies[-1]) / 2**20:.0f} MiB of data; the tests "
+                              f"take at most {MAX_RESULT >> 20} MiB from one call")
         reply = codec.loads(run.replies[-1])
         if not isinstance(reply, dict) or len(reply) != 1:
             raise RemoteError(f"the kernel answered {name}(...) with something that is not a result")
