@@ -15,6 +15,7 @@ of the repository.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -119,6 +120,10 @@ def _main_grade(argv: Sequence[str]) -> int:
     args.salt = new_salt() if args.salt is None else args.salt
     start = time.perf_counter()
     bar = []
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and not args.unsafe_no_sandbox:
+        print("note: grading as root; Linux does not apply the sandbox's process limit to root's processes, "
+              "so a fork bomb is stopped only by the machine (run the grader as an ordinary user: see the "
+              "instructor's page, 'The sandbox')", file=sys.stderr)
 
     def progress(done: int, total: int) -> None:
         if args.quiet:
