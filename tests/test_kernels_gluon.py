@@ -11,7 +11,9 @@ reads the compiled code for FA3's structure (§3.1-3.2):
 - the GEMMs: ``wgmma`` for S = Q K^T from shared memory and O += P V with P from registers;
 - intra-warpgroup overlap: ``wgmma.wait_group 1`` (S is ready while P V may still run);
 - ping-pong: the turn barriers add waits that the ``pingpong=False`` build does not have;
-- no register spills (no local memory) and shared memory within the 227 KB of a CTA.
+- persistence: one program per SM takes tiles in turn, and O leaves through shared memory by a
+  TMA store (``cp.async.bulk.tensor`` to global) that runs while the next tile begins;
+- no register spills in the key-block loop and shared memory within the 227 KB of a CTA.
 
 On a Hopper GPU (marker ``gpu``): against the float64 reference under the flash-attn rule (max
 error at most twice that of plain PyTorch attention in the same precision, plus 1e-5, and within
@@ -115,6 +117,68 @@ def _resource_usage(cubin: bytes) -> str:
         return subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
 
 
+def _sass(cubin: bytes) -> str:
+    """``cuobjdump -sass`` of the cubin; empty where Triton ships no cuobjdump."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def key_block_loops(sass: str) -> list[list[str]]:
+    """The instructions of each key-block loop in ``sass``: a backward branch's body holding two
+    wgmma (HGMMA, or QGMMA for FP8) and the intra-warpgroup wait ``DEPBAR.LE gsb0, 0x1``, with
+    no smaller such loop inside it (the tile loop of a persistent program holds the key-block
+    loop and is left out)."""
+    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, op in ins:
+        m = re.search(r"BRA (0x[0-9a-f]+)", op)
+        if m and int(m.group(1), 16) < addr:
+            start = int(m.group(1), 16)
+            body = [o for a, o in ins if start <= a <= addr]
+            if sum("GMMA" in o for o in body) >= 2 and any("DEPBAR.LE gsb0, 0x1" in o for o in body):
+                loops.append((start, addr, body))
+    inner = [(s, e, b) for s, e, b in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2, _ in loops)]
+    return [b for _, _, b in inner]
+
+
+def local_memory_in_key_block_loops(cubin: bytes) -> int | None:
+    """Local-memory loads and stores (spills) inside the key-block loops, None without cuobjdump.
+    A few registers a persistent program saves per tile cost nothing; one in the loop costs every
+    key block."""
+    sass = _sass(cubin)
+    if not sass:
+        return None
+    loops = key_block_loops(sass)
+    assert loops, "no key-block loop found in the SASS"
+    return sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip())) for body in loops for o in body)
+
+
+def test_spill_finder_finds_a_spill_in_the_loop():
+    """key_block_loops sees a spill inside the loop and not one outside it."""
+    fake = "\n".join(f"/*{a:04x}*/ {op} ;" for a, op in [
+        (0x10, "STL [R1], R9"), (0x20, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24"),
+        (0x30, "LDL R10, [R1]"), (0x40, "HGMMA.64x128x16.F32.BF16 R88, R180, gdesc[UR12], R88"),
+        (0x50, "WARPGROUP.DEPBAR.LE gsb0, 0x1"), (0x60, "@P1 BRA 0x20"), (0x70, "@P2 BRA 0x10")])
+    loops = key_block_loops(fake)
+    assert len(loops) == 1 and sum(o.strip().startswith("LDL") for o in loops[0]) == 1
+    assert not any(o.strip().startswith("STL") for o in loops[0])
+
+
+def _no_spills_in_the_loop(cubin: bytes) -> None:
+    """A persistent program may keep a few registers of the tile loop on the stack (at most 32
+    bytes, touched once per tile); the key-block loop touches no local memory."""
+    usage = _resource_usage(cubin)
+    if usage:
+        stack = int(re.search(r"STACK:(\d+) ", usage).group(1))
+        assert stack <= 32 and re.search(r"LOCAL:0 ", usage), usage
+        assert local_memory_in_key_block_loops(cubin) == 0
+
+
 def _ids(combo) -> str:
     dtype, d, causal = combo
     return f"{str(dtype).removeprefix('torch.')}-d{d}-{'causal' if causal else 'full'}"
@@ -141,10 +205,12 @@ def test_compiled_code_has_fa3_structure(combo):
     assert re.search(gemm + r"\.\w+ \{[^}]*\}, %rd", ptx), "S = Q K^T from shared memory"
     assert re.search(gemm + r"\.\w+ \{[^}]*\}, \{", ptx), "O += P V with P from registers"
     assert "wgmma.wait_group.sync.aligned 1;" in ptx, "intra-warpgroup overlap: wait for S while P V runs"
-    # no spills (no stack, no local memory in the cubin); shared memory within one CTA's 227 KB
-    usage = _resource_usage(k.asm["cubin"])
-    if usage:
-        assert re.search(r"STACK:0 ", usage) and re.search(r"LOCAL:0 ", usage), usage
+    # the epilogue: O leaves through shared memory and a TMA store
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx and "cp.async.bulk.wait_group" in ptx
+    # persistent: each program loops over tiles, striding by the grid size
+    assert "%nctaid.x" in ptx
+    # no spills in the key-block loop; shared memory within one CTA's 227 KB
+    _no_spills_in_the_loop(k.asm["cubin"])
     assert k.metadata.shared <= 227 * 1024
 
 
@@ -172,7 +238,7 @@ def test_time_stamps_are_compiled_only_when_asked():
 def test_config_fits_shared_memory():
     for d in fa3.HEAD_DIMS:
         c = fa3.config(d)
-        elements = 2 * c["BLOCK_M"] * d + c["STAGES"] * 2 * c["BLOCK_N"] * d  # Q, then K and V per stage
+        elements = 2 * 2 * c["BLOCK_M"] * d + c["STAGES"] * 2 * c["BLOCK_N"] * d  # Q and O, then K and V per stage
         assert 2 * elements <= 227 * 1024 - 1024
         assert c["BLOCK_M"] == 64, "wgmma's M is 64 per warpgroup"
 
@@ -219,9 +285,8 @@ def test_fp8_compiled_code_has_fa3_structure(d, causal):
     assert re.search(gemm + r" \{[^}]*\}, %rd", ptx), "S = Q K^T from shared memory"
     assert re.search(gemm + r" \{[^}]*\}, \{", ptx), "O += P V with P from registers"
     assert "wgmma.wait_group.sync.aligned 1;" in ptx
-    usage = _resource_usage(k.asm["cubin"])
-    if usage:
-        assert re.search(r"STACK:0 ", usage) and re.search(r"LOCAL:0 ", usage), usage
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx and "%nctaid.x" in ptx
+    _no_spills_in_the_loop(k.asm["cubin"])
     assert k.metadata.shared <= 227 * 1024
 
 

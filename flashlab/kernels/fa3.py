@@ -28,6 +28,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -39,6 +40,7 @@ from ._common import LN2, LOG2E, check_scale
 
 # TMA global -> shared copy: triton 3.6 names it async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 __all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "compile_for_sm90", "compile_sm90", "config", "fa3_forward", "forward",
            "supported", "tensor_descriptor_type"]
@@ -72,72 +74,83 @@ STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _sta
 
 def config(d: int) -> dict:
     """Tile sizes and ring depth for head dimension ``d``. Shared memory per CTA:
-    Q 2 * Br * d + STAGES * (K + V) 2 * Bc * d elements, 2 bytes each; d = 128 with 2 stages
-    is 160 KB of the 227 KB a CTA may use, d = 64 with 4 stages 144 KB."""
+    Q and O 2 * 2 * Br * d + STAGES * (K + V) 2 * Bc * d elements, 2 bytes each; d = 128 with
+    2 stages is 192 KB of the 227 KB a CTA may use, d = 64 with 4 stages 160 KB."""
     return {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "HEAD_D": d, "STAGES": 2 if d == 128 else 4}
 
 
 @gluon.jit
-def _stamp(STAMP, STAMP_AT: gl.constexpr, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.constexpr):
-    """STAMPS: partition PART (:data:`STAMP_PARTS`) of program STAMP_AT (pid0 + pid1 * grid0) begins
-    phase PHASE (:data:`STAMP_PHASES`) of key block j now. One thread writes (%globaltimer ns,
-    %clock64 cycles of this SM) to STAMP[j, PHASE, PART, :] of an int64 (n_blocks + 1, STAMP_SLOTS,
-    3, 2) buffer; a slot no stamp reaches stays as the caller filled it. Every program reads the
-    clocks, so the stamped tile runs the same instructions as its neighbours."""
+def _stamp(STAMP, here, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.constexpr):
+    """STAMPS: partition PART (:data:`STAMP_PARTS`) begins phase PHASE (:data:`STAMP_PHASES`) of
+    key block j now; ``here`` says whether the tile in hand is the stamped one. One thread writes
+    (%globaltimer ns, %clock64 cycles of this SM) to STAMP[j, PHASE, PART, :] of an int64
+    (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer; a slot no stamp reaches stays as the caller filled
+    it. Every tile reads the clocks, so the stamped tile runs the same instructions as the others."""
     if STAMPS:
         ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
                                        pack=1)
         cycles = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False,
                                            pack=1)
-        here = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0) == STAMP_AT
         slot = STAMP + ((j * STAMP_SLOTS + PHASE) * 3 + PART) * 2
         gl.store(slot, ns, mask=here)
         gl.store(slot + 1, cycles, mask=here)
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, q_row0, kv_row0, v_row0, n_blocks,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr,
+def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH,
+              CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+              STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Algorithm 1's producer: load Q_i, then K_j, V_j into stage j % s of the ring, j < n_blocks.
-    (Its register deallocation is warp_specialize's worker_num_regs.) V_j is rows
-    v_row0 + j Bc + [0, Bc) of V's (B * H * N_k, d) view, or, V_KEYS_CONTIGUOUS (the FP8 kernel,
-    :mod:`.fa3_fp8`), columns j Bc + [0, Bc) of rows v_row0 + [0, d) of V^T's (B * H * d, N_k) view.
-    STAMPS: time stamps of each phase (:func:`_stamp`)."""
-    q_bar, k_full, k_empty, v_full, v_empty = bars
-    _stamp(STAMP, STAMP_AT, 2, _LOAD_Q, 0, STAMPS)
-    for w in gl.static_range(2):  # "issue load Q_i": both consumers' tiles, Br rows each; q_bar signals completion
-        mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
-        _tma_load(desc_q, [q_row0 + w * BLOCK_M, 0], q_bar.index(w), q_smem.index(w))
-    for j in range(n_blocks):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
-        # "wait for the (j % s)th stage to be consumed": both consumers released it; a fresh
-        # barrier passes phase 1 at once, so the first s loads go ahead
-        _stamp(STAMP, STAMP_AT, 2, _WAIT_SLOT_K, j, STAMPS)
-        mbarrier.wait(k_empty.index(stage), phase ^ 1)
-        # "issue loads of K_j, V_j ... upon completion, notify consumers": the full barrier
-        # completes when the TMA engine has written the expected bytes
-        _stamp(STAMP, STAMP_AT, 2, _LOAD_K, j, STAMPS)
-        mbarrier.expect(k_full.index(stage), desc_k.block_type.nbytes)
-        _tma_load(desc_k, [kv_row0 + j * BLOCK_N, 0], k_full.index(stage), k_smem.index(stage))
-        _stamp(STAMP, STAMP_AT, 2, _WAIT_SLOT_V, j, STAMPS)
-        mbarrier.wait(v_empty.index(stage), phase ^ 1)
-        _stamp(STAMP, STAMP_AT, 2, _LOAD_V, j, STAMPS)
-        mbarrier.expect(v_full.index(stage), desc_v.block_type.nbytes)
-        if V_KEYS_CONTIGUOUS:
-            _tma_load(desc_v, [v_row0, j * BLOCK_N], v_full.index(stage), v_smem.index(stage))
-        else:
-            _tma_load(desc_v, [v_row0 + j * BLOCK_N, 0], v_full.index(stage), v_smem.index(stage))
-    _stamp(STAMP, STAMP_AT, 2, _DONE, n_blocks, STAMPS)
+    """Algorithm 1's producer, for every tile of this program (:func:`_tiles`): load Q_i, then
+    K_j, V_j into the ring. The ring position c counts the key blocks of all the program's tiles,
+    so block c sits in stage c % s and the next tile's first blocks load while the consumers
+    finish this one. (Its register deallocation is warp_specialize's worker_num_regs.) V_j is
+    rows bh N_k + j Bc + [0, Bc) of V's (B * H * N_k, d) view, or, V_KEYS_CONTIGUOUS (the FP8
+    kernel, :mod:`.fa3_fp8`), columns j Bc + [0, Bc) of rows bh d + [0, d) of V^T's (B * H * d,
+    N_k) view. STAMPS: time stamps of each phase of tile STAMP_AT (:func:`_stamp`)."""
+    q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
+    c = 0  # key blocks loaded so far, over all tiles: the ring position
+    n = 0  # tiles begun so far
+    for tile in range(gl.program_id(0), _n_tiles(N_Q, BH, BLOCK_M), gl.num_programs(0)):
+        bh, m0, n_blocks = _tile(tile, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+        here = tile == STAMP_AT
+        _stamp(STAMP, here, 2, _LOAD_Q, 0, STAMPS)
+        for w in gl.static_range(2):  # "issue load Q_i": each consumer's Br rows, once it is done with the last
+            mbarrier.wait(q_empty.index(w), (n & 1) ^ 1)
+            mbarrier.expect(q_full.index(w), desc_q.block_type.nbytes)
+            _tma_load(desc_q, [bh * N_Q + m0 + w * BLOCK_M, 0], q_full.index(w), q_smem.index(w))
+        for j in range(n_blocks):
+            stage = (c + j) % STAGES
+            phase = ((c + j) // STAGES) & 1
+            # "wait for the (j % s)th stage to be consumed": both consumers released it; a fresh
+            # barrier passes phase 1 at once, so the first s loads go ahead
+            _stamp(STAMP, here, 2, _WAIT_SLOT_K, j, STAMPS)
+            mbarrier.wait(k_empty.index(stage), phase ^ 1)
+            # "issue loads of K_j, V_j ... upon completion, notify consumers": the full barrier
+            # completes when the TMA engine has written the expected bytes
+            _stamp(STAMP, here, 2, _LOAD_K, j, STAMPS)
+            mbarrier.expect(k_full.index(stage), desc_k.block_type.nbytes)
+            _tma_load(desc_k, [bh * N_K + j * BLOCK_N, 0], k_full.index(stage), k_smem.index(stage))
+            _stamp(STAMP, here, 2, _WAIT_SLOT_V, j, STAMPS)
+            mbarrier.wait(v_empty.index(stage), phase ^ 1)
+            _stamp(STAMP, here, 2, _LOAD_V, j, STAMPS)
+            mbarrier.expect(v_full.index(stage), desc_v.block_type.nbytes)
+            if V_KEYS_CONTIGUOUS:
+                _tma_load(desc_v, [bh * HEAD_D, j * BLOCK_N], v_full.index(stage), v_smem.index(stage))
+            else:
+                _tma_load(desc_v, [bh * N_K + j * BLOCK_N, 0], v_full.index(stage), v_smem.index(stage))
+        _stamp(STAMP, here, 2, _DONE, n_blocks, STAMPS)
+        c += n_blocks
+        n += 1
 
 
 @gluon.jit
 def _take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong: wait until the other warpgroup has issued its GEMMs (turn number t)."""
+    """Ping-pong: wait until the other warpgroup has issued its GEMMs (this warpgroup's turn
+    number t; a tile of n_blocks key blocks takes n_blocks + 1 turns, so tile n of a program, at
+    ring position c, takes turns c + n, ..., c + n + n_blocks)."""
     if PINGPONG:
         mbarrier.wait(turn.index(WG), t & 1)
-    return t + 1
 
 
 @gluon.jit
@@ -170,14 +183,17 @@ def _add(a, b):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
+def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
                   P_SHIFT: gl.constexpr = 0.0):
-    """Fold S = Q_i K_j^T (Br, Bc), raw, into (m, l) in log2 units (Algorithm 1's softmax steps).
+    """Fold S = Q_i K_j^T (Br, Bc) of query rows row0 + [0, Br) and keys start_n + [0, Bc), raw,
+    into (m, l) in log2 units (Algorithm 1's softmax steps).
     Returns P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
     alpha = exp2(m - m_new) that brings O up to date. P_SHIFT is 0 here; the FP8 kernel
     (:mod:`.fa3_fp8`) computes P 2^8 times larger, so that it lands in e4m3's normal range."""
     if masked:  # the ragged last block, and the blocks the diagonal crosses
-        keys = start_n + cols  # (Bc,) key indices j
+        s_layout: gl.constexpr = s.type.layout
+        rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s_layout))  # (Br,) query indices i
+        keys = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))  # (Bc,) key indices j
         visible = keys[None, :] < N_K
         if CAUSAL:  # bottom-right alignment: query i sees key j iff j <= i + N_k - N_q
             visible = visible & (keys[None, :] <= rows[:, None] + causal_offset)
@@ -191,16 +207,17 @@ def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale
 
 
 @gluon.jit
-def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,
+def _consumer(desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, qk_scale,
               CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Algorithm 2, the consumer warpgroup WG: query rows m0 + WG * Br + [0, Br) of the tile.
-    (Its register reallocation is warp_specialize's worker_num_regs and the kernel's maxnreg.)
-    OVERLAP=False is the ablation without intra-warpgroup overlap: each step waits for both GEMMs
-    before its softmax, so the softmax never runs beside this warpgroup's own GEMMs.
-    STAMPS: time stamps of each phase (:func:`_stamp`)."""
-    q_bar, k_full, k_empty, v_full, v_empty = bars
+    """Algorithm 2, the consumer warpgroup WG, for every tile of this program (:func:`_tiles`):
+    query rows m0 + WG * Br + [0, Br) of the tile. (Its register reallocation is
+    warp_specialize's worker_num_regs and the kernel's maxnreg.) OVERLAP=False is the ablation
+    without intra-warpgroup overlap: each step waits for both GEMMs before its softmax, so the
+    softmax never runs beside this warpgroup's own GEMMs. STAMPS: time stamps of each phase of
+    tile STAMP_AT (:func:`_stamp`)."""
+    q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     # wgmma accumulators: S (Br, Bc) and O (Br, d) spread over the warpgroup's 128 threads
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -210,101 +227,111 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, 
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
-
-    row0 = m0 + WG * BLOCK_M  # this warpgroup's first query row
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))  # (Br,) query indices i
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))  # (Bc,)
-    causal_offset = N_K - N_Q
-    first_row_keys = row0 + causal_offset + 1  # keys the first row sees: blocks past it need the mask
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-
-    # "initialize O_i = 0, l_i = 0, m_i = -inf", on chip
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
     q = q_smem.index(WG)  # Q_i (Br, d), read by wgmma from shared memory
-    t = 0  # turns taken (ping-pong)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    causal_offset = N_K - N_Q
+    c = 0  # key blocks consumed so far, over all tiles: the ring position, as the producer counts it
+    n = 0  # tiles done so far
     if PINGPONG:
         if WG == 1:  # consumer 0 goes first
             mbarrier.arrive(turn.index(0), count=1)
 
-    # "wait for Q_i and K_0; S_cur = Q_i K_0^T, commit and wait; release K_0; m_i, P_cur, l_i from S_cur"
-    _stamp(STAMP, STAMP_AT, WG, _WAIT_K, 0, STAMPS)
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(k_full.index(0), 0)
-    _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, 0, STAMPS)
-    t = _take_turn(turn, t, WG, PINGPONG)
-    _stamp(STAMP, STAMP_AT, WG, _ISSUE_S, 0, STAMPS)
-    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    _pass_turn(turn, WG, PINGPONG)
-    _stamp(STAMP, STAMP_AT, WG, _WAIT_S, 0, STAMPS)
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    mbarrier.arrive(k_empty.index(0), count=1)
-    _stamp(STAMP, STAMP_AT, WG, _SOFTMAX, 0, STAMPS)
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, rows, cols, 0, N_K, causal_offset, qk_scale,
-                                       _needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
-    _stamp(STAMP, STAMP_AT, WG, _CONVERT, 0, STAMPS)
-    p = gl.convert_layout(p.to(dtype), p_layout)  # P_cur (Br, Bc) in q's dtype
+    for tile in range(gl.program_id(0), _n_tiles(N_Q, BH, BLOCK_M), gl.num_programs(0)):
+        bh, m0, n_blocks = _tile(tile, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+        here = tile == STAMP_AT
+        row0 = m0 + WG * BLOCK_M  # this warpgroup's first query row
+        first_row_keys = row0 + causal_offset + 1  # keys the first row sees: blocks past it need the mask
 
-    for j in range(1, n_blocks):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        # "wait for K_j; S_next = Q_i K_j^T, commit but do not wait"
-        _stamp(STAMP, STAMP_AT, WG, _WAIT_K, j, STAMPS)
-        mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
-        _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, j, STAMPS)
-        t = _take_turn(turn, t, WG, PINGPONG)
-        _stamp(STAMP, STAMP_AT, WG, _ISSUE_S, j, STAMPS)
+        # "initialize O_i = 0, l_i = 0, m_i = -inf", on chip
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+
+        # "wait for Q_i and K_0; S_cur = Q_i K_0^T, commit and wait; release K_0; m_i, P_cur, l_i from S_cur"
+        stage = c % STAGES
+        _stamp(STAMP, here, WG, _WAIT_K, 0, STAMPS)
+        mbarrier.wait(q_full.index(WG), n & 1)
+        mbarrier.wait(k_full.index(stage), (c // STAGES) & 1)
+        _stamp(STAMP, here, WG, _WAIT_TURN, 0, STAMPS)
+        _take_turn(turn, c + n, WG, PINGPONG)
+        _stamp(STAMP, here, WG, _ISSUE_S, 0, STAMPS)
         s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        # "rescale O_i" by exp2(m_old - m) of the last softmax, while the tensor cores compute S_next
-        _stamp(STAMP, STAMP_AT, WG, _RESCALE, j - 1, STAMPS)
-        o = o * gl.convert_layout(alpha, row_o)[:, None]
-        # "wait for V_{j-1}; O_i = O_i + P_cur V_{j-1}, commit but do not wait"
-        _stamp(STAMP, STAMP_AT, WG, _WAIT_V, j - 1, STAMPS)
-        mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
-        _stamp(STAMP, STAMP_AT, WG, _ISSUE_PV, j - 1, STAMPS)
-        o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
-        _stamp(STAMP, STAMP_AT, WG, _WAIT_S, j, STAMPS)
-        if OVERLAP:
-            # "wait for the WGMMA Q_i K_j^T" (wgmma groups finish in order: P_cur V_{j-1} may still run)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
-        else:  # the ablation: wait for both GEMMs, so the softmax below runs alone
-            o, s, p = warpgroup_mma_wait(0, deps=(o_tok, s_tok, p))
-        mbarrier.arrive(k_empty.index(stage), count=1)  # "release the (j % s)th stage ... for K"
-        # "compute m_i, P_next and l_i based on S_next"
-        _stamp(STAMP, STAMP_AT, WG, _SOFTMAX, j, STAMPS)
-        start_n = j * BLOCK_N
-        p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale,
-                                                _needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
-        _stamp(STAMP, STAMP_AT, WG, _WAIT_PV, j - 1, STAMPS)
-        if OVERLAP:  # "wait for the WGMMA P_cur V_{j-1}"
-            o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-        mbarrier.arrive(v_empty.index(prev), count=1)  # "release the ((j - 1) % s)th stage ... for V"
-        _stamp(STAMP, STAMP_AT, WG, _CONVERT, j, STAMPS)
-        p = gl.convert_layout(p_next.to(dtype), p_layout)  # "copy S_next to S_cur", as P
+        _stamp(STAMP, here, WG, _WAIT_S, 0, STAMPS)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        _stamp(STAMP, here, WG, _SOFTMAX, 0, STAMPS)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, qk_scale,
+                                           _needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
+        _stamp(STAMP, here, WG, _CONVERT, 0, STAMPS)
+        p = gl.convert_layout(p.to(dtype), p_layout)  # P_cur (Br, Bc) in q's dtype
 
-    # "wait for V_{Tc-1}; O_i = O_i + P_cur V_{Tc-1}, commit and wait", after the last rescale
-    last = (n_blocks - 1) % STAGES
-    _stamp(STAMP, STAMP_AT, WG, _RESCALE, n_blocks - 1, STAMPS)
-    o = o * gl.convert_layout(alpha, row_o)[:, None]
-    _stamp(STAMP, STAMP_AT, WG, _WAIT_V, n_blocks - 1, STAMPS)
-    mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
-    _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, n_blocks, STAMPS)  # turn n_blocks: the last P V's
-    t = _take_turn(turn, t, WG, PINGPONG)
-    _stamp(STAMP, STAMP_AT, WG, _ISSUE_PV, n_blocks - 1, STAMPS)
-    o_tok = warpgroup_mma(p, v_smem.index(last), o, is_async=True)
-    _pass_turn(turn, WG, PINGPONG)
-    _stamp(STAMP, STAMP_AT, WG, _WAIT_PV, n_blocks - 1, STAMPS)
-    o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-    mbarrier.arrive(v_empty.index(last), count=1)
-    _stamp(STAMP, STAMP_AT, WG, _WRITE, n_blocks - 1, STAMPS)
-    _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
-    _stamp(STAMP, STAMP_AT, WG, _DONE, n_blocks, STAMPS)
+        for j in range(1, n_blocks):
+            stage = (c + j) % STAGES
+            prev = (c + j - 1) % STAGES
+            # "wait for K_j; S_next = Q_i K_j^T, commit but do not wait"
+            _stamp(STAMP, here, WG, _WAIT_K, j, STAMPS)
+            mbarrier.wait(k_full.index(stage), ((c + j) // STAGES) & 1)
+            _stamp(STAMP, here, WG, _WAIT_TURN, j, STAMPS)
+            _take_turn(turn, c + n + j, WG, PINGPONG)
+            _stamp(STAMP, here, WG, _ISSUE_S, j, STAMPS)
+            s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            # "rescale O_i" by exp2(m_old - m) of the last softmax, while the tensor cores compute S_next
+            _stamp(STAMP, here, WG, _RESCALE, j - 1, STAMPS)
+            o = o * gl.convert_layout(alpha, row_o)[:, None]
+            # "wait for V_{j-1}; O_i = O_i + P_cur V_{j-1}, commit but do not wait"
+            _stamp(STAMP, here, WG, _WAIT_V, j - 1, STAMPS)
+            mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
+            _stamp(STAMP, here, WG, _ISSUE_PV, j - 1, STAMPS)
+            o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+            _pass_turn(turn, WG, PINGPONG)
+            _stamp(STAMP, here, WG, _WAIT_S, j, STAMPS)
+            if OVERLAP:
+                # "wait for the WGMMA Q_i K_j^T" (wgmma groups finish in order: P_cur V_{j-1} may still run)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+            else:  # the ablation: wait for both GEMMs, so the softmax below runs alone
+                o, s, p = warpgroup_mma_wait(0, deps=(o_tok, s_tok, p))
+            mbarrier.arrive(k_empty.index(stage), count=1)  # "release the (j % s)th stage ... for K"
+            # "compute m_i, P_next and l_i based on S_next"
+            _stamp(STAMP, here, WG, _SOFTMAX, j, STAMPS)
+            start_n = j * BLOCK_N
+            p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset,
+                                                    qk_scale, _needs_mask(start_n, N_K, first_row_keys, BLOCK_N,
+                                                                          CAUSAL), CAUSAL)
+            _stamp(STAMP, here, WG, _WAIT_PV, j - 1, STAMPS)
+            if OVERLAP:  # "wait for the WGMMA P_cur V_{j-1}"
+                o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+            mbarrier.arrive(v_empty.index(prev), count=1)  # "release the ((j - 1) % s)th stage ... for V"
+            _stamp(STAMP, here, WG, _CONVERT, j, STAMPS)
+            p = gl.convert_layout(p_next.to(dtype), p_layout)  # "copy S_next to S_cur", as P
+        # Q_i's last GEMM is done: the producer may load the next tile's Q into this slot
+        mbarrier.arrive(q_empty.index(WG), count=1)
+
+        # "wait for V_{Tc-1}; O_i = O_i + P_cur V_{Tc-1}, commit and wait", after the last rescale
+        last = (c + n_blocks - 1) % STAGES
+        _stamp(STAMP, here, WG, _RESCALE, n_blocks - 1, STAMPS)
+        o = o * gl.convert_layout(alpha, row_o)[:, None]
+        _stamp(STAMP, here, WG, _WAIT_V, n_blocks - 1, STAMPS)
+        mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
+        _stamp(STAMP, here, WG, _WAIT_TURN, n_blocks, STAMPS)  # turn n_blocks: the last P V's
+        _take_turn(turn, c + n + n_blocks, WG, PINGPONG)
+        _stamp(STAMP, here, WG, _ISSUE_PV, n_blocks - 1, STAMPS)
+        o_tok = warpgroup_mma(p, v_smem.index(last), o, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        _stamp(STAMP, here, WG, _WAIT_PV, n_blocks - 1, STAMPS)
+        o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        _stamp(STAMP, here, WG, _WRITE, n_blocks - 1, STAMPS)
+        _store_tile(desc_o, O, LSE, o_smem.index(WG), o, m_i, l_i, row0, bh * N_Q, N_Q, o_layout,
+                    BLOCK_M, HEAD_D)
+        _stamp(STAMP, here, WG, _DONE, n_blocks, STAMPS)
+        c += n_blocks
+        n += 1
+    tma.store_wait(0)  # the last tile's O has left shared memory before the program ends
 
 
 @gluon.jit
-def _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+def _write_tile(O, LSE, o, m_i, l_i, row0, o_row0, N_Q, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                 HEAD_D: gl.constexpr):
     """Epilogue: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i), written for the rows row0 + [0, Br)
     below N_q ("write O_i and L_i to HBM"); a row that saw no key: O = 0, L = -inf."""
@@ -313,11 +340,56 @@ def _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout: gl.const
     l_safe = gl.where(seen, l_i, 1.0)
     o = o / gl.convert_layout(l_safe, row_o)[:, None]
     lse2 = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
+    rows = row0 + gl.arange(0, BLOCK_M, layout=m_i.type.layout)
     gl.store(LSE + o_row0 + rows, lse2, mask=rows < N_Q)
     o_rows = row0 + gl.arange(0, BLOCK_M, layout=row_o)
     o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
     offsets = (o_row0 + o_rows[:, None]).to(gl.int64) * HEAD_D + o_cols[None, :]
     gl.store(O + offsets, o.to(O.dtype.element_ty), mask=(o_rows < N_Q)[:, None])
+
+
+@gluon.jit
+def _store_tile(desc_o, O, LSE, o_smem, o, m_i, l_i, row0, o_row0, N_Q, o_layout: gl.constexpr,
+                BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
+    """The epilogue of a persistent program: a warpgroup whose Br rows all lie below N_q writes O
+    through shared memory and one TMA store (``o_smem``, (Br, d), this warpgroup's), which runs
+    while the next tile begins; a ragged last tile of a head writes its rows by :func:`_write_tile`,
+    so that no row of the next head is touched."""
+    if row0 + BLOCK_M <= N_Q:
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        seen = l_i > 0
+        l_safe = gl.where(seen, l_i, 1.0)
+        o = o / gl.convert_layout(l_safe, row_o)[:, None]  # O_i = diag(l_i)^-1 O_i
+        rows = row0 + gl.arange(0, BLOCK_M, layout=m_i.type.layout)
+        gl.store(LSE + o_row0 + rows, gl.where(seen, m_i + gl.log2(l_safe), float("-inf")))  # L_i = m_i + log2(l_i)
+        tma.store_wait(0)  # the last tile's store has finished reading o_smem
+        o_smem.store(o.to(o_smem.dtype))
+        fence_async_shared()  # the stores above are visible to the TMA engine
+        _tma_store(desc_o, [o_row0 + row0, 0], o_smem)
+    else:
+        _write_tile(O, LSE, o, m_i, l_i, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
+
+
+@gluon.jit
+def _n_tiles(N_Q, BH, BLOCK_M: gl.constexpr):
+    """Tiles of 2 Br query rows over all B * H heads."""
+    return (N_Q + 2 * BLOCK_M - 1) // (2 * BLOCK_M) * BH
+
+
+@gluon.jit
+def _tile(tile, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile number ``tile`` -> (head bh, first query row m0, key blocks it visits). Tiles are
+    numbered head by head; a persistent program takes tiles pid, pid + P, pid + 2P, ... (P
+    programs, one per SM), so the programs working at one time share a few heads' K and V in L2.
+    Causal: within a head the longest tiles (the last rows) come first, so that the short ones
+    even out the programs' loads at the end."""
+    n_m = (N_Q + 2 * BLOCK_M - 1) // (2 * BLOCK_M)
+    bh = tile // n_m
+    mt = tile % n_m
+    if CAUSAL:
+        mt = n_m - 1 - mt
+    m0 = mt * (2 * BLOCK_M)
+    return bh, m0, _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
 
 
 @gluon.jit
@@ -343,50 +415,47 @@ def _key_blocks(m0, N_Q, N_K, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL:
 @gluon.jit
 def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
     """Shared memory of one program: both consumers' Q tiles, the ring of STAGES K and V slots,
-    the full/empty mbarrier pair of each slot, Q's barriers and the ping-pong turn barriers."""
+    the full/empty mbarrier pair of each Q tile and each slot, and the ping-pong turn barriers."""
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
-        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(q_full.index(i), count=1)  # the producer's expect + the TMA bytes
+        mbarrier.init(q_empty.index(i), count=1)  # consumer i is done with its Q tile
         mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(k_full.index(i), count=1)  # the producer's expect + the TMA bytes
+        mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
         mbarrier.init(v_empty.index(i), count=2)
-    return q_smem, k_smem, v_smem, (q_bar, k_full, k_empty, v_full, v_empty), turn
+    return q_smem, k_smem, v_smem, (q_full, q_empty, k_full, k_empty, v_full, v_empty), turn
 
 
 @gluon.jit
-def _fa3_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
+def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, qk_scale,
                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                 STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Grid (query tiles of 2 Br rows, B * H). Q, K, V come as 2-D views (B * H * N, d): rows past
-    a head's N belong to the next head (or are zero past the end) and are masked like any tail.
-    STAMPS: program STAMP_AT writes the time stamps of its phases into STAMP (:func:`_stamp`)."""
-    bh = gl.program_id(1)
-    m0 = _tile_rows(CAUSAL, 2 * BLOCK_M)
-    n_blocks = _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
+    """A persistent grid (at most one program per SM): each program takes tiles of 2 Br query
+    rows of one head in turn (:func:`_tile`). Q, K, V and O come as 2-D views (B * H * N, d):
+    rows past a head's N belong to the next head (or are zero past the end) and are masked like
+    any tail. STAMPS: tile STAMP_AT writes the time stamps of its phases into STAMP (:func:`_stamp`)."""
     q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES)
-    o_row0 = bh * N_Q  # this head's first row in the (B * H * N_q, d) views of Q and O
-    kv_row0 = bh * N_K
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     gl.warp_specialize([  # the default partition (4 warps) is consumer 0
-        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K,
-                     n_blocks, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                     PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
-        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K,
-                     n_blocks, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                     PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
-        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0,
-                     kv_row0, n_blocks, BLOCK_M, BLOCK_N, STAGES, False, STAMP, STAMP_AT, STAMPS)),
+        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, qk_scale,
+                     CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, qk_scale,
+                     CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH,
+                     CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -426,8 +495,9 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     return True
 
 
-def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[TensorDescriptor, ...]:
-    """TMA descriptors over the 2-D views (B * H * N, d), with Br- and Bc-row blocks."""
+def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor) -> tuple[TensorDescriptor, ...]:
+    """TMA descriptors over the 2-D views (B * H * N, d), with Br-row blocks (Q, O) and Bc-row
+    blocks (K, V)."""
     d = q.shape[3]
     c = config(d)
     gl_dtype = _GL_DTYPES[q.dtype]
@@ -435,7 +505,28 @@ def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Ten
     kv_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_N"], d], gl_dtype)
     return (TensorDescriptor.from_tensor(q.view(-1, d), [c["BLOCK_M"], d], q_layout),
             TensorDescriptor.from_tensor(k.view(-1, d), [c["BLOCK_N"], d], kv_layout),
-            TensorDescriptor.from_tensor(v.view(-1, d), [c["BLOCK_N"], d], kv_layout))
+            TensorDescriptor.from_tensor(v.view(-1, d), [c["BLOCK_N"], d], kv_layout),
+            o_descriptor(o))
+
+
+def o_descriptor(o: torch.Tensor) -> TensorDescriptor:
+    """The TMA descriptor the epilogue stores O (B, H, N_q, d) through: its (B * H * N_q, d) view
+    in Br-row blocks."""
+    d = o.shape[3]
+    block = [BLOCK_M, d]
+    return TensorDescriptor.from_tensor(o.view(-1, d), block,
+                                        gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[o.dtype]))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def programs(n_tiles: int, device: torch.device) -> int:
+    """The persistent grid: one program per SM of ``device``, or one per tile when there are fewer."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, min(n_tiles, _SM_COUNT[index]))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
@@ -447,7 +538,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
     S before each softmax with no GEMM in flight (the ablations); ``out`` is a (B, H, N_q, d)
     buffer to write O into (tests fill it with NaN first). ``stamps``: build with time stamps
-    (STAMPS=True) and let program ``stamp_at`` (pid0 + pid1 * grid0) write them into this int64
+    (STAMPS=True) and let tile ``stamp_at`` (query tile + batch-head * query tiles per head,
+    :func:`_tile`) write them into this int64
     (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer (:func:`_stamp`).
     Returns o like q and lse2 (B, H, N_q) float32, the row log-sum-exp in log2 units, as the
     backward (:func:`flashlab.kernels.backward.backward`) takes it."""
@@ -460,7 +552,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                          f"got {o.dtype} {tuple(o.shape)} on {o.device}")
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
-    grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
+    grid = (programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, q.device),)
     stamping = {}
     if stamps is not None:
         want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(STAMP_PHASES), 3, 2)
@@ -468,7 +560,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
-    _fa3_kernel[grid](*_descriptors(q, k, v), o, lse2, N_Q, N_K, scale * LOG2E,  # scale * log2(e)
+    _fa3_kernel[grid](*_descriptors(q, k, v, o), o, lse2, N_Q, N_K, B * H, scale * LOG2E,  # scale * log2(e)
                       CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
                       **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return o, lse2
@@ -538,7 +630,8 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
     signature = {"desc_q": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
                  "desc_k": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
                  "desc_v": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
-                 "O": f"*{gl_dtype}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32",
+                 "desc_o": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
+                 "O": f"*{gl_dtype}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "qk_scale": "fp32",
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
     pointers = tuple(_fa3_kernel.arg_names.index(name) for name in ("O", "LSE") + (("STAMP",) if stamps else ()))
     return compile_for_sm90(_fa3_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)

@@ -40,7 +40,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from . import fa3
@@ -60,7 +60,8 @@ _SHIFT = gl.constexpr(P_SHIFT)
 
 def config(d: int) -> dict:
     """Tiles and ring depth: Br = 64 rows per consumer, Bc = 128 keys, 3 stages. Shared memory
-    per CTA, one byte an element: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d, 112 KB at d = 128."""
+    per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, and O 2 * 64 * d two
+    bytes an element, 144 KB at d = 128."""
     return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3}
 
 
@@ -86,13 +87,13 @@ def _descale_at(D, bh, n_blocks_per_head, row, BLOCK: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_fp8(O, LSE, QD, KD, VD, NQB, NKB, q_smem, k_smem, v_smem, bars, turn, bh, o_row0, m0,
-                  N_Q, N_K, n_blocks, qk_scale,
+def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                  N_Q, N_K, BH, qk_scale,
                   CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
-    """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br)); :func:`.fa3._consumer`
-    with the descales, P's 2^8 and V^T."""
-    q_bar, k_full, k_empty, v_full, v_empty = bars
+    """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
+    program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T."""
+    q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -101,99 +102,102 @@ def _consumer_fp8(O, LSE, QD, KD, VD, NQB, NKB, q_smem, k_smem, v_smem, bars, tu
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     fp8: gl.constexpr = q_smem.dtype
-
-    row0 = m0 + WG * BLOCK_M
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    causal_offset = N_K - N_Q
-    first_row_keys = row0 + causal_offset + 1
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    # r = scale log2(e) dq: one scalar for the warpgroup's Br rows (Q_SB a multiple of Br)
-    r = qk_scale * _descale_at(QD, bh, NQB, row0, Q_SB)
-    if K_SB == 0:
-        r = r * _descale_at(KD, bh, NKB, 0, 0)  # one dk for the head: folded in once
-
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
     q = q_smem.index(WG)
-    t = 0
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    causal_offset = N_K - N_Q
+    c = 0  # ring position (key blocks consumed over all tiles)
+    n = 0  # tiles done
     if WG == 1:
         mbarrier.arrive(turn.index(0), count=1)
 
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(k_full.index(0), 0)
-    t = fa3._take_turn(turn, t, WG, True)
-    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    fa3._pass_turn(turn, WG, True)
-    f = r
-    if K_SB != 0:
-        f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    mbarrier.arrive(k_empty.index(0), count=1)
-    p, m_i, l_i, alpha = fa3._softmax_step(s, m_i, l_i, rows, cols, 0, N_K, causal_offset, f,
-                                           fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL,
-                                           _SHIFT)
-    # fp8(P), rounded to nearest even, its columns in V's key order: A's layout without moving data
-    p = gl.convert_layout(_as_operand(p.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+    for tile in range(gl.program_id(0), fa3._n_tiles(N_Q, BH, BLOCK_M), gl.num_programs(0)):
+        bh, m0, n_blocks = fa3._tile(tile, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+        row0 = m0 + WG * BLOCK_M
+        first_row_keys = row0 + causal_offset + 1
+        # r = scale log2(e) dq: one scalar for the warpgroup's Br rows (Q_SB a multiple of Br)
+        r = qk_scale * _descale_at(QD, bh, NQB, row0, Q_SB)
+        if K_SB == 0:
+            r = r * _descale_at(KD, bh, NKB, 0, 0)  # one dk for the head: folded in once
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
 
-    for j in range(1, n_blocks):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
-        t = fa3._take_turn(turn, t, WG, True)
+        stage = c % STAGES
+        mbarrier.wait(q_full.index(WG), n & 1)
+        mbarrier.wait(k_full.index(stage), (c // STAGES) & 1)
+        fa3._take_turn(turn, c + n, WG, True)
         s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        start_n = j * BLOCK_N
+        fa3._pass_turn(turn, WG, True)
         f = r
         if K_SB != 0:
-            f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
-        o = o * gl.convert_layout(alpha, row_o)[:, None]
-        mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
-        # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
-        o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
-        fa3._pass_turn(turn, WG, True)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
+            f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(stage), count=1)
-        p_next, m_i, l_i, alpha = fa3._softmax_step(
-            s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, f,
-            fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, _SHIFT)
-        # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
-        # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
-        o = warpgroup_mma_wait(0, deps=(o_tok,))
-        mbarrier.arrive(v_empty.index(prev), count=1)
-        p = gl.convert_layout(_as_operand(p_next.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+        p, m_i, l_i, alpha = fa3._softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, f,
+                                               fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL,
+                                               _SHIFT)
+        # fp8(P), rounded to nearest even, its columns in V's key order: A's layout without moving data
+        p = gl.convert_layout(_as_operand(p.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
 
-    last = (n_blocks - 1) % STAGES
-    o = o * gl.convert_layout(alpha, row_o)[:, None]
-    mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
-    t = fa3._take_turn(turn, t, WG, True)
-    o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)
-    fa3._pass_turn(turn, WG, True)
-    o = warpgroup_mma_wait(0, deps=(o_tok,))
-    mbarrier.arrive(v_empty.index(last), count=1)
-    # O = O dv / l and lse = m + log2(l) - 8: l summed the 2^8-scaled P, as O did
-    dv = _descale_at(VD, bh, 1, 0, 0)
-    fa3._write_tile(O, LSE, o * dv, m_i - _SHIFT, l_i, rows, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
+        for j in range(1, n_blocks):
+            stage = (c + j) % STAGES
+            prev = (c + j - 1) % STAGES
+            mbarrier.wait(k_full.index(stage), ((c + j) // STAGES) & 1)
+            fa3._take_turn(turn, c + n + j, WG, True)
+            s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            start_n = j * BLOCK_N
+            f = r
+            if K_SB != 0:
+                f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
+            o = o * gl.convert_layout(alpha, row_o)[:, None]
+            mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
+            # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
+            o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
+            fa3._pass_turn(turn, WG, True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            p_next, m_i, l_i, alpha = fa3._softmax_step(
+                s, m_i, l_i, row0, start_n, N_K, causal_offset, f,
+                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, _SHIFT)
+            # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
+            # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
+            o = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            p = gl.convert_layout(_as_operand(p_next.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+        mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
+
+        last = (c + n_blocks - 1) % STAGES
+        o = o * gl.convert_layout(alpha, row_o)[:, None]
+        mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
+        fa3._take_turn(turn, c + n + n_blocks, WG, True)
+        o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)
+        fa3._pass_turn(turn, WG, True)
+        o = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        # O = O dv / l and lse = m + log2(l) - 8: l summed the 2^8-scaled P, as O did
+        dv = _descale_at(VD, bh, 1, 0, 0)
+        fa3._store_tile(desc_o, O, LSE, o_smem.index(WG), o * dv, m_i - _SHIFT, l_i, row0, bh * N_Q, N_Q,
+                        o_layout, BLOCK_M, HEAD_D)
+        c += n_blocks
+        n += 1
+    tma.store_wait(0)
 
 
 @gluon.jit
-def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, qk_scale,
+def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, BH, qk_scale,
                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
-    """Grid (query tiles of 2 Br rows, B * H). Q, K as (B * H * N, d) views, V^T as (B * H * d, N_k)."""
-    bh = gl.program_id(1)
-    m0 = fa3._tile_rows(CAUSAL, 2 * BLOCK_M)
-    n_blocks = fa3._key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
+    """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
+    (B * H * d, N_k), O as (B * H * N_q, d)."""
     q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
-    o_row0 = bh * N_Q
-    kv_row0 = bh * N_K
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     gl.warp_specialize([
-        (_consumer_fp8, (O, LSE, QD, KD, VD, NQB, NKB, q_smem, k_smem, v_smem, bars, turn, bh, o_row0, m0,
-                         N_Q, N_K, n_blocks, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
-        (_consumer_fp8, (O, LSE, QD, KD, VD, NQB, NKB, q_smem, k_smem, v_smem, bars, turn, bh, o_row0, m0,
-                         N_Q, N_K, n_blocks, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
-        (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0,
-                         bh * HEAD_D, n_blocks, BLOCK_M, BLOCK_N, STAGES, True)),
+        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+        (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True)),
     ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
 
 
@@ -289,9 +293,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     vt_layout = gl.NVMMASharedLayout.get_default_for([D, c["BLOCK_N"]], f8)
     descs = (TensorDescriptor.from_tensor(q.view(-1, D), [c["BLOCK_M"], D], q_layout),
              TensorDescriptor.from_tensor(k.view(-1, D), [c["BLOCK_N"], D], k_layout),
-             TensorDescriptor.from_tensor(vt.reshape(-1, vt.shape[-1]), [D, c["BLOCK_N"]], vt_layout))
-    grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
-    _fa3_fp8_kernel[grid](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, scale * LOG2E,
+             TensorDescriptor.from_tensor(vt.reshape(-1, vt.shape[-1]), [D, c["BLOCK_N"]], vt_layout),
+             fa3.o_descriptor(o))
+    grid = (fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, q.device),)
+    _fa3_fp8_kernel[grid](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, scale * LOG2E,
                           CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, **c,
                           num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
     return o, lse2
@@ -335,7 +340,8 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
     signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
                  "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),
                  "desc_vt": fa3.tensor_descriptor_type(f8, [d, c["BLOCK_N"]]),
+                 "desc_o": fa3.tensor_descriptor_type(_GL_OUT[out_dtype], [c["BLOCK_M"], d]),
                  "O": f"*{_GL_OUT[out_dtype]}", "LSE": "*fp32", "QD": "*fp32", "KD": "*fp32", "VD": "*fp32",
-                 "NQB": "i32", "NKB": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32",
+                 "NQB": "i32", "NKB": "i32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "qk_scale": "fp32",
                  **{k: "constexpr" for k in constexprs}}
-    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, (3, 4, 5, 6, 7), fa3.NUM_WARPS, fa3.MAXNREG)
+    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, (4, 5, 6, 7, 8), fa3.NUM_WARPS, fa3.MAXNREG)

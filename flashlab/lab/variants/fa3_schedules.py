@@ -96,8 +96,6 @@ def _fa3_no_ws_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
             mbarrier.expect(v_full.index(j), desc_v.block_type.nbytes)
             _tma_load(desc_v, [kv_row0 + j * BLOCK_N, 0], v_full.index(j), v_smem.index(j))
 
-    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     causal_offset = N_K - N_Q
     first_row_keys = m0 + causal_offset + 1
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
@@ -109,7 +107,7 @@ def _fa3_no_ws_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
     mbarrier.wait(k_full.index(0), 0)
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
-    p, m_i, l_i, alpha = fa3._softmax_step(s, m_i, l_i, rows, cols, 0, N_K, causal_offset, qk_scale,
+    p, m_i, l_i, alpha = fa3._softmax_step(s, m_i, l_i, m0, 0, N_K, causal_offset, qk_scale,
                                            fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
     p = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -128,7 +126,7 @@ def _fa3_no_ws_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
         s = warpgroup_mma_wait(1, deps=(s_tok,))
         start_n = j * BLOCK_N
         p_next, m_i, l_i, alpha = fa3._softmax_step(
-            s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale,
+            s, m_i, l_i, m0, start_n, N_K, causal_offset, qk_scale,
             fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
         o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         if j >= STAGES - 1 and j + 1 < n_blocks:
@@ -143,7 +141,7 @@ def _fa3_no_ws_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
     mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_smem.index(last), o, is_async=True)
     o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-    fa3._write_tile(O, LSE, o, m_i, l_i, rows, m0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
+    fa3._write_tile(O, LSE, o, m_i, l_i, m0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
 
 
 def _no_ws_config(d: int) -> dict:
