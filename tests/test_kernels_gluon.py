@@ -158,6 +158,14 @@ def local_memory_in_key_block_loops(cubin: bytes) -> int | None:
     return sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip())) for body in loops for o in body)
 
 
+def test_n_q_is_never_a_compile_time_constant():
+    """Triton makes an integer argument equal to 1 a constant; with N_q = 1 constant the tile's
+    query rows fold to constants that Triton 3.6 cannot lower (the GPU case N_q = 1 failed to
+    compile), so both persistent kernels opt out for N_q."""
+    for kernel in (fa3._fa3_kernel, fa3_fp8._fa3_fp8_kernel):
+        assert [p.name for p in kernel.params if p.do_not_specialize] == ["N_Q"]
+
+
 def test_spill_finder_finds_a_spill_in_the_loop():
     """key_block_loops sees a spill inside the loop and not one outside it."""
     fake = "\n".join(f"/*{a:04x}*/ {op} ;" for a, op in [

@@ -438,7 +438,10 @@ def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
     return q_smem, k_smem, v_smem, (q_full, q_empty, k_full, k_empty, v_full, v_empty), turn
 
 
-@gluon.jit
+# N_q is never a compile-time constant: Triton specialises an integer argument equal to 1, and a
+# constant N_q = 1 makes the tile's rows constants that Triton 3.6 fails to lower (an assertion in
+# ConvertTritonGPUToLLVM)
+@gluon.jit(do_not_specialize=["N_Q"])
 def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, qk_scale,
                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,

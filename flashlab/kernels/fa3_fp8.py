@@ -183,7 +183,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["N_Q"])  # as fa3._fa3_kernel
 def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, BH, qk_scale,
                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
