@@ -38,7 +38,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper", reason="
 import triton
 from tiers import GPU, needs_gpu
 
-from flashlab.kernels import fa3
+from flashlab.kernels import fa3, fa3_fp8
 from flashlab.lab.experiments import fa3 as experiment
 
 # Triton versions the kernel was compiled with; on others a compile error skips (Gluon's API moves).
