@@ -1,10 +1,11 @@
 """FlashAttention-3 forward (Shah et al. 2024, §3.1-3.2, Algorithms 1-2) in Gluon, for Hopper (sm_90).
 
-One program (a CTA: CUDA's thread block) owns 2 * Br = 128 query rows of one (batch, head)
-and runs three partitions:
+One program (a CTA: CUDA's thread block) runs on each SM and takes tiles of 2 * Br = 128 query
+rows of one (batch, head) in turn (a persistent kernel). It runs three partitions:
 
-    producer    1 warp,  few registers:  TMA-loads Q_i once, then K_j, V_j into a ring of
-                                          STAGES shared-memory slots (full/empty mbarrier pairs)
+    producer    1 warp,  few registers:  TMA-loads Q_i, then K_j, V_j into a ring of STAGES
+                                          shared-memory slots (full/empty mbarrier pairs), and
+                                          goes on to the next tile's while the consumers finish
     consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
 
@@ -14,7 +15,8 @@ form of Algorithm 2. Register reallocation (§3.1): the producer gives its regis
 issue their GEMMs in turn, so one warpgroup's softmax runs while the other's GEMMs hold the
 tensor cores. Intra-warpgroup overlap (§3.2, Algorithm 2): S_next = Q_i K_j^T is issued
 asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while P_cur V_{j-1}
-is still on the tensor cores.
+is still on the tensor cores. The epilogue writes O through shared memory with one TMA store,
+which runs on while the warpgroup starts its next tile.
 
 Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
 P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
