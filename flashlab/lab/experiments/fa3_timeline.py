@@ -4,16 +4,17 @@ begins each phase of each key block (FA3 §3.1, Figure 1; chapter 6).
     python -m flashlab.lab.experiments fa3timeline --out results
 
 The kernel (:mod:`flashlab.kernels.fa3`) is built with ``STAMPS=True``: one thread of each
-partition of one program reads the SM's cycle counter (``%clock64``) and the GPU's nanosecond
+partition reads the SM's cycle counter (``%clock64``) and the GPU's nanosecond
 timer (``%globaltimer``) at the start of every phase (:data:`~flashlab.kernels.fa3.STAMP_PHASES`)
-and writes both to a buffer. A phase ends where the partition's next phase begins, in the order
+and writes both to a buffer when the tile in hand is the stamped one. A phase ends where the partition's next phase begins, in the order
 the kernel runs them (:func:`program_order`). All partitions of a program run on one SM and read
 one cycle counter, so the intervals are taken in cycles and turned into microseconds with the
 rate that a least-squares line through (cycles, timer) pairs of the whole tile gives: the timer
 alone may tick more coarsely than one phase lasts.
 
-Shape: bf16, d = 128, N = 8192, non-causal, the papers' (B, H) = (2, 16); the stamped program is
-query tile 0 of batch-head B H / 2, which starts mid-run, with the GPU full around it. Writes
+Shape: bf16, d = 128, N = 8192, non-causal, the papers' (B, H) = (2, 16); the stamped tile is
+query tile 0 of batch-head B H / 2, which a persistent program takes mid-run (its eighth tile on
+132 SMs), with the GPU full around it. Writes
 ``fa3_timeline_<gpu>.csv`` (partition, block, phase, start_us, end_us; time 0 is the tile's first
 stamp) and ``.json`` (the provenance, the clock rate, the stamped and unstamped kernel's median
 time, and the two ping-pong checks of :func:`interleaving`). About half a minute on an H200,
@@ -43,7 +44,7 @@ _PHASE = {name: p for p, name in enumerate(fa3.STAMP_PHASES)}
 def stamped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     at: tuple[int, int] = (0, 0)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`flashlab.kernels.fa3.forward` (non-causal, ping-pong and overlap on) built with time
-    stamps, program ``at`` = (query tile, batch-head) stamping. Returns o and lse2 as ``forward``
+    stamps, tile ``at`` = (query tile, batch-head) stamping. Returns o and lse2 as ``forward``
     does, and the stamps, int64 (n_blocks + 1, len(STAMP_PHASES), 3 partitions, 2): (%globaltimer
     ns, %clock64 cycles) where the partition began that phase of that key block, 0 where none."""
     B, H, N_Q, d = q.shape
@@ -51,7 +52,7 @@ def stamped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
     tile, bh = at
     if not (0 <= tile < grid[0] and 0 <= bh < grid[1]):
-        raise ValueError(f"at must name a program of the grid {grid}; got {at}")
+        raise ValueError(f"at must name a tile (query tile, batch-head) of {grid}; got {at}")
     n_blocks = triton.cdiv(k.shape[2], c["BLOCK_N"])
     stamps = torch.zeros((n_blocks + 1, len(fa3.STAMP_PHASES), 3, 2), device=q.device, dtype=torch.int64)
     o, lse2 = fa3.forward(q, k, v, False, stamps=stamps, stamp_at=tile + bh * grid[0])
