@@ -164,7 +164,49 @@ def test_n_q_is_never_a_compile_time_constant():
     query rows fold to constants that Triton 3.6 cannot lower (the GPU case N_q = 1 failed to
     compile), so both persistent kernels opt out for N_q."""
     for kernel in (fa3._fa3_kernel, fa3_fp8._fa3_fp8_kernel):
-        assert [p.name for p in kernel.params if p.do_not_specialize] == ["N_Q"]
+        assert [p.name for p in kernel.params if p.do_not_specialize] == ["N_Q", "DEAL"]
+
+
+def _dealt(n_q: int, bh: int, sm_count: int, causal: bool) -> list[list[tuple[int, int, int]]]:
+    """The tiles each program of the persistent kernel takes, as (head, query tile, key blocks):
+    _tile_count and _tile written again in Python (Gluon kernels cannot run on a CPU)."""
+    programs, deal = fa3.schedule(-(-n_q // 128) * bh, causal, sm_count)
+    n_m = -(-n_q // 128)
+    n_tiles = n_m * bh
+    out = []
+    for pid in range(programs):
+        deals = n_tiles // deal
+        mine = max(deals - pid + programs - 1, 0) // programs
+        owns_last = deals >= pid and (deals - pid) % programs == 0
+        tiles = []
+        for j in range(deal * mine + (n_tiles % deal if owns_last else 0)):
+            t = deal * (pid + (j // deal) * programs) + j % deal
+            i = t % n_m
+            mt = n_m - 1 - i // 2 if i % 2 == 0 else i // 2
+            hi = min((mt + 1) * 128, n_q) if causal else n_q
+            tiles.append((t // n_m, mt, -(-hi // 128)))
+        out.append(tiles)
+    return out
+
+
+@pytest.mark.parametrize("n_q, bh", [(4096, 64), (16384, 16), (131072, 16), (1000, 3), (333, 8), (64, 1),
+                                     (2048, 200)])
+def test_persistent_programs_take_every_tile_once_and_even_loads(n_q, bh):
+    """Every (head, query tile) is taken by exactly one program. Without the mask no program takes
+    more tiles than a whole-tile split must give one; causal, the busiest program's work exceeds
+    the mean by at most one pair of tiles, which is what splitting whole pairs costs (dealing
+    causal tiles one at a time round-robin put the busiest at 1.56 times the mean at N = 16k,
+    some 6 pairs over it)."""
+    for causal in (False, True):
+        dealt = _dealt(n_q, bh, 132, causal)
+        taken = [(h, mt) for tiles in dealt for h, mt, _ in tiles]
+        assert sorted(taken) == [(h, mt) for h in range(bh) for mt in range(-(-n_q // 128))]
+        work = [sum(n for *_, n in tiles) + 2 * len(tiles) for tiles in dealt]  # 2: a tile's own cost
+        if not causal:
+            assert max(len(tiles) for tiles in dealt) == -(-len(taken) // len(dealt))
+        else:
+            pair = 2 * max(n for tiles in dealt for *_, n in tiles) + 4  # at most two of the longest
+            assert max(work) <= sum(work) / len(work) + pair, (max(work), sum(work) / len(work), pair)
 
 
 def test_spill_finder_finds_a_spill_in_the_loop():

@@ -99,11 +99,11 @@ def _stamp(STAMP, here, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.c
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH,
+def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Algorithm 1's producer, for every tile of this program (:func:`_tiles`): load Q_i, then
+    """Algorithm 1's producer, for every tile of this program (:func:`_tile`): load Q_i, then
     K_j, V_j into the ring. The ring position c counts the key blocks of all the program's tiles,
     so block c sits in stage c % s and the next tile's first blocks load while the consumers
     finish this one. (Its register deallocation is warp_specialize's worker_num_regs.) V_j is
@@ -113,8 +113,8 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH
     q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     c = 0  # key blocks loaded so far, over all tiles: the ring position
     n = 0  # tiles begun so far
-    for tile in range(gl.program_id(0), _n_tiles(N_Q, BH, BLOCK_M), gl.num_programs(0)):
-        bh, m0, n_blocks = _tile(tile, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    for tj in range(_tile_count(N_Q, BH, DEAL, BLOCK_M)):
+        bh, m0, n_blocks, tile = _tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
         here = tile == STAMP_AT
         _stamp(STAMP, here, 2, _LOAD_Q, 0, STAMPS)
         for w in gl.static_range(2):  # "issue load Q_i": each consumer's Br rows, once it is done with the last
@@ -209,11 +209,11 @@ def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, mask
 
 
 @gluon.jit
-def _consumer(desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, qk_scale,
+def _consumer(desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, DEAL, qk_scale,
               CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Algorithm 2, the consumer warpgroup WG, for every tile of this program (:func:`_tiles`):
+    """Algorithm 2, the consumer warpgroup WG, for every tile of this program (:func:`_tile`):
     query rows m0 + WG * Br + [0, Br) of the tile. (Its register reallocation is
     warp_specialize's worker_num_regs and the kernel's maxnreg.) OVERLAP=False is the ablation
     without intra-warpgroup overlap: each step waits for both GEMMs before its softmax, so the
@@ -238,8 +238,8 @@ def _consumer(desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N
         if WG == 1:  # consumer 0 goes first
             mbarrier.arrive(turn.index(0), count=1)
 
-    for tile in range(gl.program_id(0), _n_tiles(N_Q, BH, BLOCK_M), gl.num_programs(0)):
-        bh, m0, n_blocks = _tile(tile, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    for tj in range(_tile_count(N_Q, BH, DEAL, BLOCK_M)):
+        bh, m0, n_blocks, tile = _tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
         here = tile == STAMP_AT
         row0 = m0 + WG * BLOCK_M  # this warpgroup's first query row
         first_row_keys = row0 + causal_offset + 1  # keys the first row sees: blocks past it need the mask
@@ -379,19 +379,34 @@ def _n_tiles(N_Q, BH, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _tile(tile, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Tile number ``tile`` -> (head bh, first query row m0, key blocks it visits). Tiles are
-    numbered head by head; a persistent program takes tiles pid, pid + P, pid + 2P, ... (P
-    programs, one per SM), so the programs working at one time share a few heads' K and V in L2.
-    Causal: within a head the longest tiles (the last rows) come first, so that the short ones
-    even out the programs' loads at the end."""
+def _tile_count(N_Q, BH, DEAL, BLOCK_M: gl.constexpr):
+    """How many tiles this program takes (:func:`_tile`): the tiles are dealt out DEAL (1 or 2)
+    at a time, deal u to program u mod P (P programs); a last deal may hold fewer."""
+    n_tiles = _n_tiles(N_Q, BH, BLOCK_M)
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    deals = n_tiles // DEAL  # full deals
+    mine = gl.maximum(deals - pid + P - 1, 0) // P  # deals pid, pid + P, ... below n_tiles // DEAL
+    owns_last = (deals >= pid) & ((deals - pid) % P == 0)  # the partial deal, if there is one
+    return DEAL * mine + gl.where(owns_last, n_tiles % DEAL, 0)
+
+
+@gluon.jit
+def _tile(j, N_Q, N_K, DEAL, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """This program's j-th tile -> (head bh, first query row m0, key blocks it visits, tile id
+    = query tile + bh * query tiles per head). Tiles are numbered head by head, and within a head
+    in the order longest, shortest, second longest, second shortest, ...; they are dealt out
+    DEAL at a time, deal u to program u mod P. Causal, with DEAL = 2 a deal holds about
+    N / Bc key blocks whichever it is, so the programs' loads even out (with fewer than two
+    tiles per program, DEAL = 1 keeps every program busy); and the P programs at work at one
+    time share a few heads' K and V in L2."""
+    t = DEAL * (gl.program_id(0) + (j // DEAL) * gl.num_programs(0)) + j % DEAL
     n_m = (N_Q + 2 * BLOCK_M - 1) // (2 * BLOCK_M)
-    bh = tile // n_m
-    mt = tile % n_m
-    if CAUSAL:
-        mt = n_m - 1 - mt
+    bh = t // n_m
+    i = t % n_m
+    mt = gl.where(i % 2 == 0, n_m - 1 - i // 2, i // 2)  # i = 0, 1, 2, 3, ... -> the last, first, second last, ...
     m0 = mt * (2 * BLOCK_M)
-    return bh, m0, _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
+    return bh, m0, _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL), mt + bh * n_m
 
 
 @gluon.jit
@@ -440,11 +455,11 @@ def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
     return q_smem, k_smem, v_smem, (q_full, q_empty, k_full, k_empty, v_full, v_empty), turn
 
 
-# N_q is never a compile-time constant: Triton specialises an integer argument equal to 1, and a
-# constant N_q = 1 makes the tile's rows constants that Triton 3.6 fails to lower (an assertion in
-# ConvertTritonGPUToLLVM)
-@gluon.jit(do_not_specialize=["N_Q"])
-def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, qk_scale,
+# N_q and DEAL are never compile-time constants: Triton specialises an integer argument equal to 1,
+# and a constant N_q = 1 makes the tile's rows constants that Triton 3.6 fails to lower (an
+# assertion in ConvertTritonGPUToLLVM); DEAL, 1 or 2, needs no second build
+@gluon.jit(do_not_specialize=["N_Q", "DEAL"])
+def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_scale,
                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                 STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
@@ -455,11 +470,11 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, qk_scale,
     q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES)
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     gl.warp_specialize([  # the default partition (4 warps) is consumer 0
-        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, qk_scale,
+        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, DEAL, qk_scale,
                      CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
-        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, qk_scale,
+        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, DEAL, qk_scale,
                      CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
-        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH,
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                      CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -526,12 +541,22 @@ def o_descriptor(o: torch.Tensor) -> TensorDescriptor:
 _SM_COUNT: dict[int, int] = {}
 
 
-def programs(n_tiles: int, device: torch.device) -> int:
-    """The persistent grid: one program per SM of ``device``, or one per tile when there are fewer."""
+def programs(n_tiles: int, causal: bool, device: torch.device) -> tuple[int, int]:
+    """The persistent grid and how many tiles are dealt at a time (:func:`_tile`) on ``device``
+    (see :func:`schedule`)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SM_COUNT:
         _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return max(1, min(n_tiles, _SM_COUNT[index]))
+    return schedule(n_tiles, causal, _SM_COUNT[index])
+
+
+def schedule(n_tiles: int, causal: bool, sm_count: int) -> tuple[int, int]:
+    """(programs, DEAL) for ``n_tiles`` tiles on ``sm_count`` SMs: one program per SM (one per
+    tile when there are fewer). Causal tiles are dealt in pairs (a long and a short one) when
+    every program gets at least one pair; tiles of equal length one at a time, which spreads
+    them as evenly as whole tiles allow."""
+    p = max(1, min(n_tiles, sm_count))
+    return p, 2 if causal and n_tiles >= 2 * p else 1
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
@@ -557,7 +582,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                          f"got {o.dtype} {tuple(o.shape)} on {o.device}")
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
-    grid = (programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, q.device),)
+    n_programs, deal = programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
+    grid = (n_programs,)
     stamping = {}
     if stamps is not None:
         want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(STAMP_PHASES), 3, 2)
@@ -565,7 +591,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
-    _fa3_kernel[grid](*_descriptors(q, k, v, o), o, lse2, N_Q, N_K, B * H, scale * LOG2E,  # scale * log2(e)
+    _fa3_kernel[grid](*_descriptors(q, k, v, o), o, lse2, N_Q, N_K, B * H, deal, scale * LOG2E,  # scale * log2(e)
                       CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
                       **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return o, lse2
@@ -636,7 +662,8 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
                  "desc_k": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
                  "desc_v": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
                  "desc_o": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
-                 "O": f"*{gl_dtype}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "qk_scale": "fp32",
+                 "O": f"*{gl_dtype}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "DEAL": "i32",
+                 "qk_scale": "fp32",
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
     pointers = tuple(_fa3_kernel.arg_names.index(name) for name in ("O", "LSE") + (("STAMP",) if stamps else ()))
     return compile_for_sm90(_fa3_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)

@@ -88,7 +88,7 @@ def _descale_at(D, bh, n_blocks_per_head, row, BLOCK: gl.constexpr):
 
 @gluon.jit
 def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
-                  N_Q, N_K, BH, qk_scale,
+                  N_Q, N_K, BH, DEAL, qk_scale,
                   CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
@@ -110,8 +110,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     if WG == 1:
         mbarrier.arrive(turn.index(0), count=1)
 
-    for tile in range(gl.program_id(0), fa3._n_tiles(N_Q, BH, BLOCK_M), gl.num_programs(0)):
-        bh, m0, n_blocks = fa3._tile(tile, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    for tj in range(fa3._tile_count(N_Q, BH, DEAL, BLOCK_M)):
+        bh, m0, n_blocks, _ = fa3._tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
         row0 = m0 + WG * BLOCK_M
         first_row_keys = row0 + causal_offset + 1
         # r = scale log2(e) dq: one scalar for the warpgroup's Br rows (Q_SB a multiple of Br)
@@ -183,8 +183,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     tma.store_wait(0)
 
 
-@gluon.jit(do_not_specialize=["N_Q"])  # as fa3._fa3_kernel
-def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, BH, qk_scale,
+@gluon.jit(do_not_specialize=["N_Q", "DEAL"])  # as fa3._fa3_kernel
+def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, BH, DEAL, qk_scale,
                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
@@ -193,10 +193,10 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     gl.warp_specialize([
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
-                         N_Q, N_K, BH, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
-                         N_Q, N_K, BH, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
-        (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+        (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True)),
     ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
 
@@ -295,10 +295,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
              TensorDescriptor.from_tensor(k.view(-1, D), [c["BLOCK_N"], D], k_layout),
              TensorDescriptor.from_tensor(vt.reshape(-1, vt.shape[-1]), [D, c["BLOCK_N"]], vt_layout),
              fa3.o_descriptor(o))
-    grid = (fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, q.device),)
-    _fa3_fp8_kernel[grid](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, scale * LOG2E,
-                          CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, **c,
-                          num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+    n_programs, deal = fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
+    _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
+                                   scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
+                                   **c, num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
     return o, lse2
 
 
@@ -342,6 +342,7 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
                  "desc_vt": fa3.tensor_descriptor_type(f8, [d, c["BLOCK_N"]]),
                  "desc_o": fa3.tensor_descriptor_type(_GL_OUT[out_dtype], [c["BLOCK_M"], d]),
                  "O": f"*{_GL_OUT[out_dtype]}", "LSE": "*fp32", "QD": "*fp32", "KD": "*fp32", "VD": "*fp32",
-                 "NQB": "i32", "NKB": "i32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "qk_scale": "fp32",
+                 "NQB": "i32", "NKB": "i32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "DEAL": "i32",
+                 "qk_scale": "fp32",
                  **{k: "constexpr" for k in constexprs}}
     return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, (4, 5, 6, 7, 8), fa3.NUM_WARPS, fa3.MAXNREG)
