@@ -250,18 +250,18 @@ def _consumer(desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
 
         # "wait for Q_i and K_0; S_cur = Q_i K_0^T, commit and wait; release K_0; m_i, P_cur, l_i from S_cur"
-        stage = c % STAGES
+        first = c % STAGES  # block 0's slot
         _stamp(STAMP, here, WG, _WAIT_K, 0, STAMPS)
         mbarrier.wait(q_full.index(WG), n & 1)
-        mbarrier.wait(k_full.index(stage), (c // STAGES) & 1)
+        mbarrier.wait(k_full.index(first), (c // STAGES) & 1)
         _stamp(STAMP, here, WG, _WAIT_TURN, 0, STAMPS)
         _take_turn(turn, c + n, WG, PINGPONG)
         _stamp(STAMP, here, WG, _ISSUE_S, 0, STAMPS)
-        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         _stamp(STAMP, here, WG, _WAIT_S, 0, STAMPS)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(stage), count=1)
+        mbarrier.arrive(k_empty.index(first), count=1)
         _stamp(STAMP, here, WG, _SOFTMAX, 0, STAMPS)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, qk_scale,
                                            _needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
@@ -470,10 +470,12 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
     q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES)
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     gl.warp_specialize([  # the default partition (4 warps) is consumer 0
-        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, DEAL, qk_scale,
-                     CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
-        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, DEAL, qk_scale,
-                     CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                     N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                     STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                     N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D,
+                     STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                      CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

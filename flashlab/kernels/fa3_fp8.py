@@ -122,17 +122,17 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
 
-        stage = c % STAGES
+        first = c % STAGES  # block 0's slot
         mbarrier.wait(q_full.index(WG), n & 1)
-        mbarrier.wait(k_full.index(stage), (c // STAGES) & 1)
+        mbarrier.wait(k_full.index(first), (c // STAGES) & 1)
         fa3._take_turn(turn, c + n, WG, True)
-        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         fa3._pass_turn(turn, WG, True)
         f = r
         if K_SB != 0:
             f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(stage), count=1)
+        mbarrier.arrive(k_empty.index(first), count=1)
         p, m_i, l_i, alpha = fa3._softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, f,
                                                fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL,
                                                _SHIFT)

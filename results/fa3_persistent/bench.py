@@ -1,8 +1,13 @@
-"""The Gluon FA3 forwards, one program per tile (HEAD's kernels, scratch/fa3_old.py and
+"""The Gluon FA3 forwards, one program per tile (a2ec4d6's kernels, as scratch/fa3_old.py and
 scratch/fp8_old.py) against the persistent ones with a TMA-store epilogue (the package's), in one run.
 
+Make the old kernels with
+    git show a2ec4d6:flashlab/kernels/fa3.py | sed 's/^from \._common import/from flashlab.kernels._common import/' > scratch/fa3_old.py
+    git show a2ec4d6:flashlab/kernels/fa3_fp8.py | sed 's/^from \. import fa3$/from scratch import fa3_old as fa3/; s/^from \._common import/from flashlab.kernels._common import/' > scratch/fp8_old.py
+    touch scratch/__init__.py
+
 For each bf16 kernel: correctness against fp32 torch with a NaN-filled output buffer, bit-identical
-reruns, and bit-identity with the old kernel; then TFLOP/s beside cuDNN (each implementation twice,
+reruns, and bit-identity with the old kernel; then TFLOP/s beside cuDNN (each implementation three times,
 interleaved: the spread is the noise) and the bf16 matmul ceiling. FP8: old against new on the same
 quantised inputs (identical bits, time). Writes $OUT/fa3_persistent.json.
 """

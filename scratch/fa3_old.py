@@ -1,0 +1,544 @@
+"""FlashAttention-3 forward (Shah et al. 2024, §3.1-3.2, Algorithms 1-2) in Gluon, for Hopper (sm_90).
+
+One program (a CTA: CUDA's thread block) owns 2 * Br = 128 query rows of one (batch, head)
+and runs three partitions:
+
+    producer    1 warp,  few registers:  TMA-loads Q_i once, then K_j, V_j into a ring of
+                                          STAGES shared-memory slots (full/empty mbarrier pairs)
+    consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
+    consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
+
+The producer is Algorithm 1's producer warpgroup, the consumers its consumer warpgroups in the
+form of Algorithm 2. Register reallocation (§3.1): the producer gives its registers up
+(setmaxnreg), the consumers take them. Ping-pong (§3.1): an mbarrier pair makes the consumers
+issue their GEMMs in turn, so one warpgroup's softmax runs while the other's GEMMs hold the
+tensor cores. Intra-warpgroup overlap (§3.2, Algorithm 2): S_next = Q_i K_j^T is issued
+asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while P_cur V_{j-1}
+is still on the tensor cores.
+
+Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
+P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
+log2 units (scale * log2(e) folded into the scores); lse = m + log2(l).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from flashlab.kernels._common import LN2, LOG2E, check_scale
+
+# TMA global -> shared copy: triton 3.6 names it async_copy_global_to_shared, later versions async_load
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "compile_for_sm90", "compile_sm90", "config", "fa3_forward", "forward",
+           "supported", "tensor_descriptor_type"]
+
+GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+BLOCK_M = 64  # Br: query rows per consumer warpgroup (wgmma's M is 64 per warpgroup)
+BLOCK_N = 128  # Bc: keys per block
+NUM_WARPS = 4  # the default partition: consumer 0, one warpgroup
+# Registers per thread (setmaxnreg). Triton rounds the 4 + 4 + 1 warps up to three warpgroups
+# and gives the default partition what the kernel's maxnreg leaves: 3 * 168 - 240 - 24 = 240.
+MAXNREG = 168
+CONSUMER_REGS = gl.constexpr(240)
+PRODUCER_REGS = gl.constexpr(24)
+
+# Time stamps (STAMPS=True; the ping-pong chart of chapter 6, flashlab.lab.experiments.fa3_timeline):
+# each partition notes when it begins each phase of key block j. Consumers: wait for K_j, wait
+# for the turn, issue S_j = Q K_j^T, rescale O, wait for V_j, issue O += P_j V_j, wait for S_j,
+# softmax of S_j, wait for P_j V_j, convert P_j to the GEMM's operand, write O. Producer: issue
+# Q's loads, wait for a free K slot, issue K_j's load, the same for V_j. "done" closes the last.
+STAMP_PHASES = ("wait_k", "wait_turn", "issue_s", "rescale", "wait_v", "issue_pv", "wait_s", "softmax",
+                "wait_pv", "convert", "write", "load_q", "wait_slot_k", "load_k", "wait_slot_v", "load_v", "done")
+(_WAIT_K, _WAIT_TURN, _ISSUE_S, _RESCALE, _WAIT_V, _ISSUE_PV, _WAIT_S, _SOFTMAX, _WAIT_PV, _CONVERT, _WRITE,
+ _LOAD_Q, _WAIT_SLOT_K, _LOAD_K, _WAIT_SLOT_V, _LOAD_V, _DONE) = (gl.constexpr(p) for p in range(len(STAMP_PHASES)))
+STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
+STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _stamp
+
+
+def config(d: int) -> dict:
+    """Tile sizes and ring depth for head dimension ``d``. Shared memory per CTA:
+    Q 2 * Br * d + STAGES * (K + V) 2 * Bc * d elements, 2 bytes each; d = 128 with 2 stages
+    is 160 KB of the 227 KB a CTA may use, d = 64 with 4 stages 144 KB."""
+    return {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "HEAD_D": d, "STAGES": 2 if d == 128 else 4}
+
+
+@gluon.jit
+def _stamp(STAMP, STAMP_AT: gl.constexpr, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.constexpr):
+    """STAMPS: partition PART (:data:`STAMP_PARTS`) of program STAMP_AT (pid0 + pid1 * grid0) begins
+    phase PHASE (:data:`STAMP_PHASES`) of key block j now. One thread writes (%globaltimer ns,
+    %clock64 cycles of this SM) to STAMP[j, PHASE, PART, :] of an int64 (n_blocks + 1, STAMP_SLOTS,
+    3, 2) buffer; a slot no stamp reaches stays as the caller filled it. Every program reads the
+    clocks, so the stamped tile runs the same instructions as its neighbours."""
+    if STAMPS:
+        ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                       pack=1)
+        cycles = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False,
+                                           pack=1)
+        here = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0) == STAMP_AT
+        slot = STAMP + ((j * STAMP_SLOTS + PHASE) * 3 + PART) * 2
+        gl.store(slot, ns, mask=here)
+        gl.store(slot + 1, cycles, mask=here)
+
+
+@gluon.jit
+def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, q_row0, kv_row0, v_row0, n_blocks,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr,
+              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
+    """Algorithm 1's producer: load Q_i, then K_j, V_j into stage j % s of the ring, j < n_blocks.
+    (Its register deallocation is warp_specialize's worker_num_regs.) V_j is rows
+    v_row0 + j Bc + [0, Bc) of V's (B * H * N_k, d) view, or, V_KEYS_CONTIGUOUS (the FP8 kernel,
+    :mod:`.fa3_fp8`), columns j Bc + [0, Bc) of rows v_row0 + [0, d) of V^T's (B * H * d, N_k) view.
+    STAMPS: time stamps of each phase (:func:`_stamp`)."""
+    q_bar, k_full, k_empty, v_full, v_empty = bars
+    _stamp(STAMP, STAMP_AT, 2, _LOAD_Q, 0, STAMPS)
+    for w in gl.static_range(2):  # "issue load Q_i": both consumers' tiles, Br rows each; q_bar signals completion
+        mbarrier.expect(q_bar.index(w), desc_q.block_type.nbytes)
+        _tma_load(desc_q, [q_row0 + w * BLOCK_M, 0], q_bar.index(w), q_smem.index(w))
+    for j in range(n_blocks):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        # "wait for the (j % s)th stage to be consumed": both consumers released it; a fresh
+        # barrier passes phase 1 at once, so the first s loads go ahead
+        _stamp(STAMP, STAMP_AT, 2, _WAIT_SLOT_K, j, STAMPS)
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        # "issue loads of K_j, V_j ... upon completion, notify consumers": the full barrier
+        # completes when the TMA engine has written the expected bytes
+        _stamp(STAMP, STAMP_AT, 2, _LOAD_K, j, STAMPS)
+        mbarrier.expect(k_full.index(stage), desc_k.block_type.nbytes)
+        _tma_load(desc_k, [kv_row0 + j * BLOCK_N, 0], k_full.index(stage), k_smem.index(stage))
+        _stamp(STAMP, STAMP_AT, 2, _WAIT_SLOT_V, j, STAMPS)
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        _stamp(STAMP, STAMP_AT, 2, _LOAD_V, j, STAMPS)
+        mbarrier.expect(v_full.index(stage), desc_v.block_type.nbytes)
+        if V_KEYS_CONTIGUOUS:
+            _tma_load(desc_v, [v_row0, j * BLOCK_N], v_full.index(stage), v_smem.index(stage))
+        else:
+            _tma_load(desc_v, [v_row0 + j * BLOCK_N, 0], v_full.index(stage), v_smem.index(stage))
+    _stamp(STAMP, STAMP_AT, 2, _DONE, n_blocks, STAMPS)
+
+
+@gluon.jit
+def _take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until the other warpgroup has issued its GEMMs (turn number t)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), t & 1)
+    return t + 1
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: this warpgroup's GEMMs are issued; the other one may issue its own."""
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _needs_mask(start_n, N_K, first_row_keys, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Whether block [start_n, start_n + Bc) holds a key some row of the warpgroup must not see:
+    past N_k (the ragged tail) or, causal, past what its first row sees (the diagonal)."""
+    masked = start_n + BLOCK_N > N_K
+    if CAUSAL:
+        masked = masked | (start_n + BLOCK_N > first_row_keys)
+    return masked
+
+
+# Row reductions through gl.reduce with Gluon combine functions: gl.max and gl.sum are triton.language's,
+# which TRITON_INTERPRET=1 (the CPU test setting) turns into interpreter functions Gluon cannot call.
+@gluon.jit
+def _maximum(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
+                  P_SHIFT: gl.constexpr = 0.0):
+    """Fold S = Q_i K_j^T (Br, Bc), raw, into (m, l) in log2 units (Algorithm 1's softmax steps).
+    Returns P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
+    alpha = exp2(m - m_new) that brings O up to date. P_SHIFT is 0 here; the FP8 kernel
+    (:mod:`.fa3_fp8`) computes P 2^8 times larger, so that it lands in e4m3's normal range."""
+    if masked:  # the ragged last block, and the blocks the diagonal crosses
+        keys = start_n + cols  # (Bc,) key indices j
+        visible = keys[None, :] < N_K
+        if CAUSAL:  # bottom-right alignment: query i sees key j iff j <= i + N_k - N_q
+            visible = visible & (keys[None, :] <= rows[:, None] + causal_offset)
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.reduce(s, 1, _maximum) * qk_scale)  # m_new = max(m, rowmax(S)), scale > 0
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: P = 0, not NaN
+    alpha = gl.exp2(m_i - m_ref)  # exp2(m - m_new)
+    p = gl.exp2(s * qk_scale - (m_ref - P_SHIFT)[:, None])  # P = exp2(S - m_new): one FFMA, one MUFU.EX2 a score
+    l_i = l_i * alpha + gl.reduce(p, 1, _add)  # l = alpha l + rowsum(P)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _consumer(O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K, n_blocks, qk_scale,
+              CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
+    """Algorithm 2, the consumer warpgroup WG: query rows m0 + WG * Br + [0, Br) of the tile.
+    (Its register reallocation is warp_specialize's worker_num_regs and the kernel's maxnreg.)
+    OVERLAP=False is the ablation without intra-warpgroup overlap: each step waits for both GEMMs
+    before its softmax, so the softmax never runs beside this warpgroup's own GEMMs.
+    STAMPS: time stamps of each phase (:func:`_stamp`)."""
+    q_bar, k_full, k_empty, v_full, v_empty = bars
+    # wgmma accumulators: S (Br, Bc) and O (Br, d) spread over the warpgroup's 128 threads
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    # P goes from registers straight into the second GEMM as its A operand (an RS-GEMM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    row0 = m0 + WG * BLOCK_M  # this warpgroup's first query row
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))  # (Br,) query indices i
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))  # (Bc,)
+    causal_offset = N_K - N_Q
+    first_row_keys = row0 + causal_offset + 1  # keys the first row sees: blocks past it need the mask
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+
+    # "initialize O_i = 0, l_i = 0, m_i = -inf", on chip
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    q = q_smem.index(WG)  # Q_i (Br, d), read by wgmma from shared memory
+    t = 0  # turns taken (ping-pong)
+    if PINGPONG:
+        if WG == 1:  # consumer 0 goes first
+            mbarrier.arrive(turn.index(0), count=1)
+
+    # "wait for Q_i and K_0; S_cur = Q_i K_0^T, commit and wait; release K_0; m_i, P_cur, l_i from S_cur"
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_K, 0, STAMPS)
+    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(k_full.index(0), 0)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, 0, STAMPS)
+    t = _take_turn(turn, t, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _ISSUE_S, 0, STAMPS)
+    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_S, 0, STAMPS)
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    _stamp(STAMP, STAMP_AT, WG, _SOFTMAX, 0, STAMPS)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, rows, cols, 0, N_K, causal_offset, qk_scale,
+                                       _needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
+    _stamp(STAMP, STAMP_AT, WG, _CONVERT, 0, STAMPS)
+    p = gl.convert_layout(p.to(dtype), p_layout)  # P_cur (Br, Bc) in q's dtype
+
+    for j in range(1, n_blocks):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        # "wait for K_j; S_next = Q_i K_j^T, commit but do not wait"
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_K, j, STAMPS)
+        mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, j, STAMPS)
+        t = _take_turn(turn, t, WG, PINGPONG)
+        _stamp(STAMP, STAMP_AT, WG, _ISSUE_S, j, STAMPS)
+        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        # "rescale O_i" by exp2(m_old - m) of the last softmax, while the tensor cores compute S_next
+        _stamp(STAMP, STAMP_AT, WG, _RESCALE, j - 1, STAMPS)
+        o = o * gl.convert_layout(alpha, row_o)[:, None]
+        # "wait for V_{j-1}; O_i = O_i + P_cur V_{j-1}, commit but do not wait"
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_V, j - 1, STAMPS)
+        mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+        _stamp(STAMP, STAMP_AT, WG, _ISSUE_PV, j - 1, STAMPS)
+        o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_S, j, STAMPS)
+        if OVERLAP:
+            # "wait for the WGMMA Q_i K_j^T" (wgmma groups finish in order: P_cur V_{j-1} may still run)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+        else:  # the ablation: wait for both GEMMs, so the softmax below runs alone
+            o, s, p = warpgroup_mma_wait(0, deps=(o_tok, s_tok, p))
+        mbarrier.arrive(k_empty.index(stage), count=1)  # "release the (j % s)th stage ... for K"
+        # "compute m_i, P_next and l_i based on S_next"
+        _stamp(STAMP, STAMP_AT, WG, _SOFTMAX, j, STAMPS)
+        start_n = j * BLOCK_N
+        p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, qk_scale,
+                                                _needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL)
+        _stamp(STAMP, STAMP_AT, WG, _WAIT_PV, j - 1, STAMPS)
+        if OVERLAP:  # "wait for the WGMMA P_cur V_{j-1}"
+            o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(prev), count=1)  # "release the ((j - 1) % s)th stage ... for V"
+        _stamp(STAMP, STAMP_AT, WG, _CONVERT, j, STAMPS)
+        p = gl.convert_layout(p_next.to(dtype), p_layout)  # "copy S_next to S_cur", as P
+
+    # "wait for V_{Tc-1}; O_i = O_i + P_cur V_{Tc-1}, commit and wait", after the last rescale
+    last = (n_blocks - 1) % STAGES
+    _stamp(STAMP, STAMP_AT, WG, _RESCALE, n_blocks - 1, STAMPS)
+    o = o * gl.convert_layout(alpha, row_o)[:, None]
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_V, n_blocks - 1, STAMPS)
+    mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_TURN, n_blocks, STAMPS)  # turn n_blocks: the last P V's
+    t = _take_turn(turn, t, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _ISSUE_PV, n_blocks - 1, STAMPS)
+    o_tok = warpgroup_mma(p, v_smem.index(last), o, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
+    _stamp(STAMP, STAMP_AT, WG, _WAIT_PV, n_blocks - 1, STAMPS)
+    o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+    mbarrier.arrive(v_empty.index(last), count=1)
+    _stamp(STAMP, STAMP_AT, WG, _WRITE, n_blocks - 1, STAMPS)
+    _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
+    _stamp(STAMP, STAMP_AT, WG, _DONE, n_blocks, STAMPS)
+
+
+@gluon.jit
+def _write_tile(O, LSE, o, m_i, l_i, rows, row0, o_row0, N_Q, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                HEAD_D: gl.constexpr):
+    """Epilogue: O_i = diag(l_i)^-1 O_i, L_i = m_i + log2(l_i), written for the rows row0 + [0, Br)
+    below N_q ("write O_i and L_i to HBM"); a row that saw no key: O = 0, L = -inf."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    seen = l_i > 0
+    l_safe = gl.where(seen, l_i, 1.0)
+    o = o / gl.convert_layout(l_safe, row_o)[:, None]
+    lse2 = gl.where(seen, m_i + gl.log2(l_safe), float("-inf"))
+    gl.store(LSE + o_row0 + rows, lse2, mask=rows < N_Q)
+    o_rows = row0 + gl.arange(0, BLOCK_M, layout=row_o)
+    o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+    offsets = (o_row0 + o_rows[:, None]).to(gl.int64) * HEAD_D + o_cols[None, :]
+    gl.store(O + offsets, o.to(O.dtype.element_ty), mask=(o_rows < N_Q)[:, None])
+
+
+@gluon.jit
+def _tile_rows(CAUSAL: gl.constexpr, ROWS: gl.constexpr):
+    """The first query row m0 of this program's tile of ROWS rows. Causal: the longest tiles (the
+    last rows) start first, so that short ones fill the tail of the grid."""
+    tile = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
+    return tile * ROWS
+
+
+@gluon.jit
+def _key_blocks(m0, N_Q, N_K, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key blocks the tile of query rows m0 + [0, ROWS) visits. Causal block skipping: its last
+    real row sees keys up to min(m0 + ROWS, N_q) - 1 + N_k - N_q; blocks past that are never
+    loaded. At least one block is visited so that a tile with no visible key still writes O = 0
+    and lse = -inf."""
+    hi = N_K
+    if CAUSAL:
+        hi = gl.minimum(hi, gl.minimum(m0 + ROWS, N_Q) + N_K - N_Q)
+    return (gl.maximum(hi, 1) + BLOCK_N - 1) // BLOCK_N  # ceil(max(hi, 1) / Bc)
+
+
+@gluon.jit
+def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
+    """Shared memory of one program: both consumers' Q tiles, the ring of STAGES K and V slots,
+    the full/empty mbarrier pair of each slot, Q's barriers and the ping-pong turn barriers."""
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(i), count=1)  # the producer's expect + the TMA bytes
+        mbarrier.init(v_full.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
+        mbarrier.init(v_empty.index(i), count=2)
+    return q_smem, k_smem, v_smem, (q_bar, k_full, k_empty, v_full, v_empty), turn
+
+
+@gluon.jit
+def _fa3_kernel(desc_q, desc_k, desc_v, O, LSE, N_Q, N_K, qk_scale,
+                CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+                STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
+    """Grid (query tiles of 2 Br rows, B * H). Q, K, V come as 2-D views (B * H * N, d): rows past
+    a head's N belong to the next head (or are zero past the end) and are masked like any tail.
+    STAMPS: program STAMP_AT writes the time stamps of its phases into STAMP (:func:`_stamp`)."""
+    bh = gl.program_id(1)
+    m0 = _tile_rows(CAUSAL, 2 * BLOCK_M)
+    n_blocks = _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
+    q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES)
+    o_row0 = bh * N_Q  # this head's first row in the (B * H * N_q, d) views of Q and O
+    kv_row0 = bh * N_K
+    gl.warp_specialize([  # the default partition (4 warps) is consumer 0
+        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K,
+                     n_blocks, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                     PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_consumer, (O, LSE, q_smem, k_smem, v_smem, bars, turn, o_row0, m0, N_Q, N_K,
+                     n_blocks, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                     PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0,
+                     kv_row0, n_blocks, BLOCK_M, BLOCK_N, STAGES, False, STAMP, STAMP_AT, STAMPS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got {got}")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name} must be bfloat16 or float16; got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (B, H, N, d); got strides {t.stride()}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
+    if not (q.is_cuda and k.device == q.device == v.device):
+        raise ValueError(f"q, k, v must be on one CUDA device; got {q.device}, {k.device}, {v.device}")
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        major, minor = torch.cuda.get_device_capability(q.device)
+        raise ValueError(f"the FlashAttention-3 kernel needs a Hopper GPU (sm_90: H100, H200); got sm_{major}{minor}")
+    return check_scale(scale, q.shape[3])
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> bool:
+    """Whether :func:`fa3_forward` takes these inputs (dtype, d, layout, a Hopper GPU): for a
+    dispatcher that falls back to another kernel otherwise."""
+    try:
+        _check(q, k, v, scale)
+    except ValueError:
+        return False
+    return True
+
+
+def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[TensorDescriptor, ...]:
+    """TMA descriptors over the 2-D views (B * H * N, d), with Br- and Bc-row blocks."""
+    d = q.shape[3]
+    c = config(d)
+    gl_dtype = _GL_DTYPES[q.dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_M"], d], gl_dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_N"], d], gl_dtype)
+    return (TensorDescriptor.from_tensor(q.view(-1, d), [c["BLOCK_M"], d], q_layout),
+            TensorDescriptor.from_tensor(k.view(-1, d), [c["BLOCK_N"], d], kv_layout),
+            TensorDescriptor.from_tensor(v.view(-1, d), [c["BLOCK_N"], d], kv_layout))
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
+            *, pingpong: bool = True, overlap: bool = True, out: torch.Tensor | None = None,
+            stamps: torch.Tensor | None = None, stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel; the convention of :func:`flashlab.kernels.forward.forward`.
+
+    q (B, H, N_q, d), k and v (B, H, N_k, d), contiguous, bf16 or fp16, d in HEAD_DIMS, on sm_90.
+    ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
+    S before each softmax with no GEMM in flight (the ablations); ``out`` is a (B, H, N_q, d)
+    buffer to write O into (tests fill it with NaN first). ``stamps``: build with time stamps
+    (STAMPS=True) and let program ``stamp_at`` (pid0 + pid1 * grid0) write them into this int64
+    (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer (:func:`_stamp`).
+    Returns o like q and lse2 (B, H, N_q) float32, the row log-sum-exp in log2 units, as the
+    backward (:func:`flashlab.kernels.backward.backward`) takes it."""
+    scale = _check(q, k, v, scale)
+    B, H, N_Q, D = q.shape
+    N_K = k.shape[2]
+    o = torch.empty_like(q) if out is None else out
+    if o.shape != q.shape or o.dtype != q.dtype or not o.is_contiguous() or o.device != q.device:
+        raise ValueError(f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}; "
+                         f"got {o.dtype} {tuple(o.shape)} on {o.device}")
+    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    c = config(D)
+    grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
+    stamping = {}
+    if stamps is not None:
+        want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(STAMP_PHASES), 3, 2)
+        if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
+            raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
+                             f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
+        stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
+    _fa3_kernel[grid](*_descriptors(q, k, v), o, lse2, N_Q, N_K, scale * LOG2E,  # scale * log2(e)
+                      CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
+                      **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG)
+    return o, lse2
+
+
+def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                scale: float | None = None, *, pingpong: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention o = softmax(scale * q k^T (+ causal mask)) v by FlashAttention-3's forward.
+
+    Parameters
+    ----------
+    q : (B, H, N_q, d) bfloat16 or float16, contiguous, on a Hopper GPU; d = 64 or 128
+    k, v : (B, H, N_k, d), same dtype
+    causal : mask keys after the query, aligned bottom-right when N_q != N_k
+        (query i sees key j iff j <= i + N_k - N_q); a row that sees no key gives 0.
+    scale : multiplies q k^T; default 1/sqrt(d)
+    pingpong : order the two consumer warpgroups' GEMMs (FA3 §3.1); False is the ablation
+
+    Returns
+    -------
+    o : (B, H, N_q, d) in q's dtype
+    lse : (B, H, N_q) float32, the row log-sum-exp in natural-log units
+
+    Raises ValueError naming the argument when the inputs are not what the kernel takes
+    (:func:`supported` asks the same without raising).
+    """
+    o, lse2 = forward(q, k, v, causal, scale, pingpong=pingpong)
+    return o, lse2 * LN2  # log2 units -> natural log
+
+
+def tensor_descriptor_type(dtype, block: list[int]) -> str:
+    """The signature string of a TMA descriptor argument with ``block`` over ``dtype`` (a gl dtype)
+    in its default NVMMA shared layout, as :class:`TensorDescriptor` with that layout gives."""
+    shape = ", ".join(str(b) for b in block)
+    return f"tensordesc<{dtype}[{shape}],{gl.NVMMASharedLayout.get_default_for(block, dtype)!r}>"
+
+
+def compile_for_sm90(kernel, signature: dict[str, str], constexprs: dict[str, object], pointers: tuple[int, ...],
+                     num_warps: int, maxnreg: int | None):
+    """Compile the Gluon ``kernel`` for sm_90 without a GPU: ``signature`` maps each parameter to
+    its type ("i32", "*bf16", tensor_descriptor_type(...), "constexpr"), ``constexprs`` gives
+    the constexprs' values, ``pointers`` the positions of the pointer arguments (16-byte aligned,
+    as torch allocations are). Returns Triton's CompiledKernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    attrs = {(i,): [["tt.divisibility", 16]] for i in pointers}
+    src = GluonASTSource(kernel, signature, constexprs, attrs)
+    options = dict(num_warps=num_warps) | ({} if maxnreg is None else dict(maxnreg=maxnreg))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, pingpong: bool = True,
+                 overlap: bool = True, stamps: bool = False):
+    """Compile the kernel for sm_90 without a GPU, with the argument types :func:`forward` launches
+    it with, and return Triton's CompiledKernel (``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
+    ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled. ``stamps``: the
+    build with time stamps (STAMPS=True, an int64 STAMP buffer; :func:`_stamp`)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+    c = config(d)
+    gl_dtype = _GL_DTYPES[dtype]
+    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
+                      STAMP_AT=0, STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
+    signature = {"desc_q": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
+                 "desc_k": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
+                 "desc_v": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
+                 "O": f"*{gl_dtype}", "LSE": "*fp32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32",
+                 **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
+    pointers = tuple(_fa3_kernel.arg_names.index(name) for name in ("O", "LSE") + (("STAMP",) if stamps else ()))
+    return compile_for_sm90(_fa3_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)

@@ -1,0 +1,341 @@
+"""FlashAttention-3's FP8 forward (Shah et al. 2024, §3.3) in Gluon, for Hopper (sm_90).
+
+The program of :mod:`.fa3` (producer warp, two consumer warpgroups taking turns, S_next issued
+before this block's softmax), with e4m3 operands in both GEMMs:
+
+    S_ij = (Q8_i K8_j^T) * r_i * dk_j        fp8 x fp8 wgmma, fp32 accumulator; r_i = scale log2(e) dq_i
+    P_ij = 2^8 exp2(S_ij - m_new)            in (0, 256]: e4m3's normal range starts at 2^-6
+    O_i  = alpha O_i + fp8(P_ij) V8_j        P from registers (the A operand), V8_j from shared memory
+    O_i  = O_i * dv / l_i,  lse_i = m_i + log2(l_i) - 8      the 2^8 cancels in O / l
+
+Descales (float32, positive, as :func:`flashlab.kernels.fp8.quantize_fp8` makes them): Q per
+block of ``q_block`` rows (a multiple of Br = 64: one scalar per warpgroup) or per head, K per
+block of ``k_block`` rows (a multiple of Bc = 128: one scalar per key block, read beside each
+S GEMM) or per head, V per head (one scalar, applied once in the epilogue).
+
+V is laid out K-major. An FP8 wgmma reads its B operand from shared memory only with the
+reduction dimension contiguous, and O = P V reduces over keys, so V must arrive as V^T, (d, N_k)
+per head with keys contiguous. :func:`wgmma_v` writes it so, in one pass over V (N_k d bytes
+read and written per head; 0.09 ms at B N = 16k tokens, H = 16, d = 128 on an H200, some 5 % of
+the forward at N = 8k, counted in the forward's time; FlashAttention-3 instead
+transposes V inside the kernel, in shared memory, in the producer warpgroup). The producer loads
+V^T_j, (d, Bc), and the consumer hands its transpose view, (Bc, d) keys-contiguous, to wgmma.
+
+P goes from registers into the second GEMM. The fp32 accumulator of S holds, in each thread, two
+adjacent keys of every 8; wgmma's 8-bit A operand (a DotOperandLayout with k_width = 4) wants four
+adjacent keys in each 32-bit register. Converting one layout into the other moves bytes between
+the threads of a quad (byte permutes and warp shuffles, about 280 instructions per thread per key
+block at Bc = 128). FlashAttention-3 avoids the move, and so does this kernel: P's registers are
+used as they are, which amounts to reading P's columns in another order, k = pi(c) within every
+16 keys (:func:`_as_operand`; ``assert_trivial`` makes the compiler check that no data moves),
+and :func:`wgmma_v` stores V's keys in the same order, so that sum_c P[:, c] V[c] is unchanged.
+
+Glossary: e4m3 = 4 exponent bits, 3 mantissa bits, largest 448; descale = the factor an fp8
+number is multiplied by to give the value it stands for; Br, Bc, m, l, lse as in :mod:`.fa3`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from scratch import fa3_old as fa3
+from flashlab.kernels._common import LN2, LOG2E, check_scale
+
+__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "OUT_DTYPES", "compile_sm90", "config", "fa3_fp8_forward", "forward", "key_order",
+           "wgmma_v"]
+
+GLUON_FP8_IMPL = "gluon"  # the name flash_attention_fp8(impl=...) can give this kernel
+HEAD_DIMS = (64, 128)
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+_GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+FP8_DTYPE = torch.float8_e4m3fn
+P_SHIFT = 8.0  # P = 2^8 exp2(S - m): FA3's Max_offset, as in flashlab.kernels.fp8
+_SHIFT = gl.constexpr(P_SHIFT)
+
+
+def config(d: int) -> dict:
+    """Tiles and ring depth: Br = 64 rows per consumer, Bc = 128 keys, 3 stages. Shared memory
+    per CTA, one byte an element: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d, 112 KB at d = 128."""
+    return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3}
+
+
+@gluon.jit
+def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """P (Br, Bc) with its columns reordered so that wgmma's 8-bit A-operand layout holds it in the
+    registers where the accumulator layout left it: key c = 16 a + 8 c3 + 4 c2 + 2 c1 + c0 moves to
+    column k = 16 a + 8 c2 + 4 c1 + 2 c3 + c0 (:func:`key_order` gives the same permutation)."""
+    p = gl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 2, 2, 2])  # (row, a, c3, c2, c1, c0)
+    p = gl.permute(p, [0, 1, 3, 4, 2, 5])  # (row, a, c2, c1, c3, c0)
+    return gl.reshape(p, [BLOCK_M, BLOCK_N])
+
+
+@gluon.jit
+def _descale_at(D, bh, n_blocks_per_head, row, BLOCK: gl.constexpr):
+    """The descale of ``row`` in head ``bh`` of a (B, H, nb) descale tensor: one per BLOCK rows
+    (BLOCK = 0: one per head). Rows past the last block (a ragged tail) take the last block's."""
+    if BLOCK == 0:
+        idx = bh
+    else:
+        idx = bh * n_blocks_per_head + gl.minimum(row // BLOCK, n_blocks_per_head - 1)
+    return gl.load(D + idx)
+
+
+@gluon.jit
+def _consumer_fp8(O, LSE, QD, KD, VD, NQB, NKB, q_smem, k_smem, v_smem, bars, turn, bh, o_row0, m0,
+                  N_Q, N_K, n_blocks, qk_scale,
+                  CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
+    """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br)); :func:`.fa3._consumer`
+    with the descales, P's 2^8 and V^T."""
+    q_bar, k_full, k_empty, v_full, v_empty = bars
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 32])
+    # 8-bit A operand from registers: four consecutive k per 32-bit register
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    fp8: gl.constexpr = q_smem.dtype
+
+    row0 = m0 + WG * BLOCK_M
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    causal_offset = N_K - N_Q
+    first_row_keys = row0 + causal_offset + 1
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    # r = scale log2(e) dq: one scalar for the warpgroup's Br rows (Q_SB a multiple of Br)
+    r = qk_scale * _descale_at(QD, bh, NQB, row0, Q_SB)
+    if K_SB == 0:
+        r = r * _descale_at(KD, bh, NKB, 0, 0)  # one dk for the head: folded in once
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    q = q_smem.index(WG)
+    t = 0
+    if WG == 1:
+        mbarrier.arrive(turn.index(0), count=1)
+
+    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(k_full.index(0), 0)
+    t = fa3._take_turn(turn, t, WG, True)
+    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    fa3._pass_turn(turn, WG, True)
+    f = r
+    if K_SB != 0:
+        f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    p, m_i, l_i, alpha = fa3._softmax_step(s, m_i, l_i, rows, cols, 0, N_K, causal_offset, f,
+                                           fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL,
+                                           _SHIFT)
+    # fp8(P), rounded to nearest even, its columns in V's key order: A's layout without moving data
+    p = gl.convert_layout(_as_operand(p.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+
+    for j in range(1, n_blocks):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+        t = fa3._take_turn(turn, t, WG, True)
+        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        start_n = j * BLOCK_N
+        f = r
+        if K_SB != 0:
+            f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
+        o = o * gl.convert_layout(alpha, row_o)[:, None]
+        mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+        # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
+        o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
+        fa3._pass_turn(turn, WG, True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        p_next, m_i, l_i, alpha = fa3._softmax_step(
+            s, m_i, l_i, rows, cols, start_n, N_K, causal_offset, f,
+            fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, _SHIFT)
+        # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
+        # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
+        o = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        p = gl.convert_layout(_as_operand(p_next.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+
+    last = (n_blocks - 1) % STAGES
+    o = o * gl.convert_layout(alpha, row_o)[:, None]
+    mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
+    t = fa3._take_turn(turn, t, WG, True)
+    o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)
+    fa3._pass_turn(turn, WG, True)
+    o = warpgroup_mma_wait(0, deps=(o_tok,))
+    mbarrier.arrive(v_empty.index(last), count=1)
+    # O = O dv / l and lse = m + log2(l) - 8: l summed the 2^8-scaled P, as O did
+    dv = _descale_at(VD, bh, 1, 0, 0)
+    fa3._write_tile(O, LSE, o * dv, m_i - _SHIFT, l_i, rows, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
+
+
+@gluon.jit
+def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, qk_scale,
+                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                    STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
+    """Grid (query tiles of 2 Br rows, B * H). Q, K as (B * H * N, d) views, V^T as (B * H * d, N_k)."""
+    bh = gl.program_id(1)
+    m0 = fa3._tile_rows(CAUSAL, 2 * BLOCK_M)
+    n_blocks = fa3._key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
+    q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
+    o_row0 = bh * N_Q
+    kv_row0 = bh * N_K
+    gl.warp_specialize([
+        (_consumer_fp8, (O, LSE, QD, KD, VD, NQB, NKB, q_smem, k_smem, v_smem, bars, turn, bh, o_row0, m0,
+                         N_Q, N_K, n_blocks, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+        (_consumer_fp8, (O, LSE, QD, KD, VD, NQB, NKB, q_smem, k_smem, v_smem, bars, turn, bh, o_row0, m0,
+                         N_Q, N_K, n_blocks, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+        (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, o_row0 + m0, kv_row0,
+                         bh * HEAD_D, n_blocks, BLOCK_M, BLOCK_N, STAGES, True)),
+    ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
+
+
+def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got {got}")
+        if t.dtype != FP8_DTYPE:
+            raise TypeError(f"{name} must be float8_e4m3fn (see flashlab.kernels.fp8.quantize_qkv); got {t.dtype}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16; got {out_dtype}")
+    for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, fa3.BLOCK_N)):
+        if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1
+                                  or block % multiple):
+            raise ValueError(f"{name} must be None or a positive multiple of {multiple} (one descale per "
+                             f"{'warpgroup' if name == 'q_block' else 'key block'}); got {block!r}")
+    if v_block is not None:
+        raise ValueError(f"v_block must be None: the Gluon FP8 kernel takes one V descale per head; got {v_block}")
+    if not (k.device == q.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:  # last: the arguments first
+        raise ValueError(f"the Gluon FP8 kernel needs a Hopper GPU (sm_90: H100, H200); got {q.device}")
+
+
+def _descale(name: str, x: torch.Tensor | None, block: int | None, B: int, H: int, N: int,
+             device: torch.device) -> torch.Tensor:
+    """A descale argument as the kernel reads it: float32 (B, H, ceil(N / block)) contiguous, or
+    (B, H, 1) of ones for None (one per head, the fp8 values being the true values)."""
+    nb = 1 if block is None else -(-N // block)
+    if x is None:
+        if block is not None:
+            raise ValueError(f"{name} must be given when its block is set; got None with block {block}")
+        return torch.ones(B, H, 1, device=device, dtype=torch.float32)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.device != device or tuple(x.shape) != (B, H, nb):
+        got = f"{x.dtype} {tuple(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a float32 tensor of shape {(B, H, nb)} on {device}; got {got}")
+    return x.contiguous()
+
+
+def key_order(n: int, device=None) -> torch.Tensor:
+    """The permutation of :func:`_as_operand` on n keys (n a multiple of 16): column k of the
+    reordered P holds key key_order(n)[k]."""
+    idx = torch.arange(n, device=device).view(n // 16, 2, 2, 2, 2)  # (a, c3, c2, c1, c0)
+    return idx.permute(0, 2, 3, 1, 4).reshape(n)  # (a, c2, c1, c3, c0)
+
+
+def wgmma_v(v: torch.Tensor) -> torch.Tensor:
+    """V as the kernel reads it: V^T (B, H, d, N_k'), contiguous, N_k' = N_k rounded up to a
+    multiple of 16 (zero keys), its keys in :func:`key_order` within every 16. One copy of V
+    (a second, for the padding, when N_k is not a multiple of 16)."""
+    B, H, n, d = v.shape
+    padded = -(-n // 16) * 16
+    x = v.view(torch.uint8)  # the bytes: pad and permute need no fp8 arithmetic
+    if padded != n:
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded - n))
+    x = x.reshape(B, H, padded // 16, 2, 2, 2, 2, d)  # keys as (a, c3, c2, c1, c0)
+    x = x.permute(0, 1, 7, 2, 4, 5, 3, 6)  # (d, a, c2, c1, c3, c0): V^T in key_order
+    return x.reshape(B, H, d, padded).view(v.dtype)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
+            q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+            v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
+            v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16,
+            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel; arguments as :func:`fa3_fp8_forward`. Returns o and lse2 (log2 units)."""
+    _check(q, k, v, q_block, k_block, v_block, out_dtype)
+    B, H, N_Q, D = q.shape
+    N_K = k.shape[2]
+    scale = check_scale(scale, D)
+    qd = _descale("q_descale", q_descale, q_block, B, H, N_Q, q.device)
+    kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
+    vd = _descale("v_descale", v_descale, None, B, H, N_K, q.device)
+    q, k = q.contiguous(), k.contiguous()
+    vt = wgmma_v(v)
+    o = torch.empty((B, H, N_Q, D), device=q.device, dtype=out_dtype) if out is None else out
+    if o.shape != q.shape or o.dtype != out_dtype or not o.is_contiguous():
+        raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape {tuple(q.shape)}; "
+                         f"got {o.dtype} {tuple(o.shape)}")
+    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    c = config(D)
+    f8 = gl.float8e4nv
+    q_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_M"], D], f8)
+    k_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_N"], D], f8)
+    vt_layout = gl.NVMMASharedLayout.get_default_for([D, c["BLOCK_N"]], f8)
+    descs = (TensorDescriptor.from_tensor(q.view(-1, D), [c["BLOCK_M"], D], q_layout),
+             TensorDescriptor.from_tensor(k.view(-1, D), [c["BLOCK_N"], D], k_layout),
+             TensorDescriptor.from_tensor(vt.reshape(-1, vt.shape[-1]), [D, c["BLOCK_N"]], vt_layout))
+    grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
+    _fa3_fp8_kernel[grid](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, scale * LOG2E,
+                          CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, **c,
+                          num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+    return o, lse2
+
+
+def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, q_descale: torch.Tensor | None = None,
+                    k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None, *,
+                    q_block: int | None = None, k_block: int | None = None, v_block: int | None = None,
+                    out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scale * Q K^T (+ causal mask)) V from e4m3 inputs by FlashAttention-3's FP8 forward.
+
+    Parameters
+    ----------
+    q : float8_e4m3fn (B, H, N_q, d); k, v : (B, H, N_k, d); d = 64 or 128; on a Hopper GPU.
+        Any strides: V is copied into the layout the kernel reads (:func:`wgmma_v`).
+    causal : mask keys after the query, aligned bottom-right when N_q != N_k.
+    scale : softmax scale, default 1/sqrt(d).
+    q_descale, k_descale : float32 (B, H, ceil(N / block)), or (B, H, 1) when the block is None;
+        None means 1. q_block a multiple of 64, k_block a multiple of 128, or None.
+    v_descale : float32 (B, H, 1), one per head (v_block must be None).
+    out_dtype : bfloat16 (default) or float16.
+
+    Returns
+    -------
+    o : (B, H, N_q, d) in ``out_dtype``; lse : (B, H, N_q) float32, natural log.
+    """
+    o, lse2 = forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, q_block=q_block, k_block=k_block,
+                      v_block=v_block, out_dtype=out_dtype)
+    return o, lse2 * LN2
+
+
+def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
+                 out_dtype: torch.dtype = torch.bfloat16):
+    """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`)."""
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+    c = config(d)
+    f8 = gl.float8e4nv
+    constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, **c)
+    signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
+                 "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),
+                 "desc_vt": fa3.tensor_descriptor_type(f8, [d, c["BLOCK_N"]]),
+                 "O": f"*{_GL_OUT[out_dtype]}", "LSE": "*fp32", "QD": "*fp32", "KD": "*fp32", "VD": "*fp32",
+                 "NQB": "i32", "NKB": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32",
+                 **{k: "constexpr" for k in constexprs}}
+    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, (3, 4, 5, 6, 7), fa3.NUM_WARPS, fa3.MAXNREG)
