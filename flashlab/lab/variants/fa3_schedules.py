@@ -13,9 +13,10 @@ time, for the ablation of chapter 6 (:mod:`flashlab.lab.experiments.fa3`, FA3 §
   as in the paper's row "GEMM-softmax pipelining, no warp specialization". With no partitions
   there are no turns to take and no registers to move (no setmaxnreg).
 
-The first three launch the teaching kernel with its constexprs; the fourth reuses its functions
-(``_softmax_step``, ``_needs_mask``, ``_tile_rows``, ``_key_blocks``, ``_write_tile``), only the
-loop that loads and consumes is its own.
+The first three launch the teaching kernel with its constexprs, persistent (one program per SM,
+O stored by TMA); the fourth reuses its functions (``_softmax_step``, ``_needs_mask``,
+``_tile_rows``, ``_key_blocks``, ``_write_tile``) with one program per tile, as the teaching kernel
+was when chapter 6's ablation was recorded; only the loop that loads and consumes is its own.
 """
 
 from __future__ import annotations
