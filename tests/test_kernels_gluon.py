@@ -105,27 +105,26 @@ def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool | str = T
     return SimpleNamespace(asm=asm, metadata=SimpleNamespace(num_warps=build["num_warps"], shared=build["shared"]))
 
 
-def _resource_usage(cubin: bytes) -> str:
-    """``cuobjdump -res-usage`` of the cubin (REG, STACK, LOCAL, SHARED), with the cuobjdump that
-    ships with Triton; empty where it is missing."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """``cuobjdump FLAG`` of the cubin, with the cuobjdump that ships with Triton; empty where it
+    is missing."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not tool.exists():
         return ""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _resource_usage(cubin: bytes) -> str:
+    """``cuobjdump -res-usage`` of the cubin (REG, STACK, LOCAL, SHARED); empty without cuobjdump."""
+    return _cuobjdump(cubin, "-res-usage")
 
 
 def _sass(cubin: bytes) -> str:
-    """``cuobjdump -sass`` of the cubin; empty where Triton ships no cuobjdump."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        return ""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    """``cuobjdump -sass`` of the cubin; empty without cuobjdump."""
+    return _cuobjdump(cubin, "-sass")
 
 
 def key_block_loops(sass: str) -> list[list[str]]:
