@@ -1,7 +1,8 @@
 """FlashAttention-3 forward (Shah et al. 2024, §3.1-3.2, Algorithms 1-2) in Gluon, for Hopper (sm_90).
 
-One program (a CTA: CUDA's thread block) runs on each SM and takes tiles of 2 * Br = 128 query
-rows of one (batch, head) in turn (a persistent kernel). It runs three partitions:
+One program (a CTA: CUDA's thread block) runs on each SM (fewer when there are fewer tiles) and
+takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persistent kernel). It runs
+three partitions:
 
     producer    1 warp,  few registers:  TMA-loads Q_i, then K_j, V_j into a ring of STAGES
                                           shared-memory slots (full/empty mbarrier pairs), and
@@ -395,15 +396,17 @@ def _tile_count(N_Q, BH, DEAL, BLOCK_M: gl.constexpr):
 def _tile(j, N_Q, N_K, DEAL, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """This program's j-th tile -> (head bh, first query row m0, key blocks it visits, tile id
     = query tile + bh * query tiles per head). Tiles are numbered head by head, and within a head
-    in the order longest, shortest, second longest, second shortest, ...; they are dealt out
-    DEAL at a time, deal u to program u mod P. Causal, with DEAL = 2 a deal holds about
-    N / Bc key blocks whichever it is, so the programs' loads even out (with fewer than two
-    tiles per program, DEAL = 1 keeps every program busy); and the P programs at work at one
-    time share a few heads' K and V in L2."""
+    in the order longest, shortest, second longest, second shortest, ... (odd-numbered heads in
+    the reverse order); they are dealt out DEAL at a time, deal u to program u mod P, fixed in
+    advance. Causal, with DEAL = 2 a deal holds about N / Bc key blocks whichever it is (a pair
+    that spans two heads, when a head has an odd number of tiles, is their two middle tiles), so
+    the programs' loads even out (with fewer than two tiles per program, DEAL = 1 keeps every
+    program busy); and the P programs at work at one time share a few heads' K and V in L2."""
     t = DEAL * (gl.program_id(0) + (j // DEAL) * gl.num_programs(0)) + j % DEAL
     n_m = (N_Q + 2 * BLOCK_M - 1) // (2 * BLOCK_M)
     bh = t // n_m
     i = t % n_m
+    i = gl.where(bh % 2 == 1, n_m - 1 - i, i)  # odd-numbered heads: the order backwards
     mt = gl.where(i % 2 == 0, n_m - 1 - i // 2, i // 2)  # i = 0, 1, 2, 3, ... -> the last, first, second last, ...
     m0 = mt * (2 * BLOCK_M)
     return bh, m0, _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL), mt + bh * n_m
@@ -411,8 +414,9 @@ def _tile(j, N_Q, N_K, DEAL, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_
 
 @gluon.jit
 def _tile_rows(CAUSAL: gl.constexpr, ROWS: gl.constexpr):
-    """The first query row m0 of this program's tile of ROWS rows. Causal: the longest tiles (the
-    last rows) start first, so that short ones fill the tail of the grid."""
+    """The first query row m0 of this program's tile of ROWS rows, in a grid of one program per
+    tile (the ablation's kernel without warp specialisation, :mod:`flashlab.lab.variants.fa3_schedules`).
+    Causal: the longest tiles (the last rows) start first, so that short ones fill the tail."""
     tile = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
     return tile * ROWS
 
