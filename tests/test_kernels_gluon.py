@@ -451,6 +451,23 @@ def test_race_free(d, causal):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
+@pytest.mark.parametrize("n", [1152, 1280])
+def test_causal_tiles_dealt_in_pairs_are_all_right(n):
+    """Causal with enough tiles to deal them in pairs (DEAL = 2), an odd (9) and an even (10)
+    number of tiles a head: every tile matches the float64 reference, and a NaN-filled output
+    buffer is overwritten everywhere."""
+    B, H, d = 2, 30, 64
+    n_tiles = -(-n // (2 * fa3.BLOCK_M)) * B * H
+    assert fa3.programs(n_tiles, True, torch.device("cuda"))[1] == 2
+    row = experiment.check_case(B, H, n, n, d, True, torch.bfloat16)
+    assert row["ok"], row
+    race = experiment.race_check(B=B, H=H, n=n, d=d, causal=True)
+    assert race["ok"], race
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_lse_matches_flash_attention(causal):
     from flashlab.kernels import flash_attention
