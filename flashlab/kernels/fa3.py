@@ -359,6 +359,8 @@ def _store_tile(desc_o, O, LSE, o_smem, o, m_i, l_i, row0, o_row0, N_Q, o_layout
     while the next tile begins; a ragged last tile of a head writes its rows by :func:`_write_tile`,
     so that no row of the next head is touched."""
     if row0 + BLOCK_M <= N_Q:
+        # the normalisation of _write_tile, inside this branch: moved out of it (one copy for
+        # both branches), Triton 3.6's ptxas spills in the key-block loop of the causal builds
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         seen = l_i > 0
         l_safe = gl.where(seen, l_i, 1.0)
@@ -544,16 +546,10 @@ def o_descriptor(o: torch.Tensor) -> TensorDescriptor:
                                         gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[o.dtype]))
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
 def programs(n_tiles: int, causal: bool, device: torch.device) -> tuple[int, int]:
     """The persistent grid and how many tiles are dealt at a time (:func:`_tile`) on ``device``
     (see :func:`schedule`)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return schedule(n_tiles, causal, _SM_COUNT[index])
+    return schedule(n_tiles, causal, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def schedule(n_tiles: int, causal: bool, sm_count: int) -> tuple[int, int]:
