@@ -1,19 +1,21 @@
-"""The backward pass against cuDNN: flashlab's teaching backward (deterministic and atomic dQ)
-and the one-pass variant with TMA loads and a TMA reduce-add of dQ
+"""The backward pass against cuDNN: flashlab's teaching backward (deterministic and atomic dQ),
+the Gluon FlashAttention-3 backward (:mod:`flashlab.kernels.fa3_backward`) and the one-pass
+Triton variant with TMA loads and a TMA reduce-add of dQ
 (:mod:`flashlab.lab.variants.backward_one_pass`), in one process.
 
     python -m flashlab.lab.experiments backward_check backward_configs backward_speed --out results
 
 Writes three records:
 
-- ``backward_check_<gpu>``: the one-pass backward's gradients against a float32 PyTorch
+- ``backward_check_<gpu>``: the Gluon backward's gradients (GQA rows: the one-pass backward's,
+  the Gluon kernel takes equal heads only; column ``backward``) against a float32 PyTorch
   reference, beside the error of PyTorch attention in the same low precision (the flash-attn
   rule: kernel error <= 2 x that error + 1e-5), over causal and non-causal, ragged N, N_q != N_k,
   GQA, fp16 and bf16; and whether dK, dV come out bit-identical twice.
 - ``backward_speed_<gpu>``: forward + backward at the papers' shape (B x N = 16k tokens,
   H x d = 2048), d = 64 and 128, causal and not, N = 4k and 16k, and one 128k-token causal
-  sequence (16 heads, d = 128): SDPA cuDNN, and flashlab's forward (Triton, and the Gluon FA3
-  forward where it runs) with each backward. Times are medians of do_bench; the backward alone
+  sequence (16 heads, d = 128): SDPA cuDNN, flashlab's teaching path (Triton forward and
+  deterministic backward) and the Gluon path (FA3 forward and backward). Times are medians of do_bench; the backward alone
   is timed too. Also the bf16 matmul ceiling, measured here.
 - ``backward_configs_<gpu>``: the one-pass backward's time for each autotuning candidate at
   N = 16k, so the choice the autotuner makes can be read.
@@ -59,6 +61,10 @@ def _backward(name: str):
     from flashlab.kernels import backward as kb
     from flashlab.lab.variants import backward_one_pass as kh
 
+    if name == "gluon":
+        from flashlab.kernels import fa3_backward
+
+        return fa3_backward.backward
     if name == "one_pass":
         return lambda do, q, k, v, o, lse2, causal, scale: kh.backward(do, q, k, v, o, lse2, causal, scale)
     return lambda do, q, k, v, o, lse2, causal, scale: kb.backward(
@@ -66,9 +72,9 @@ def _backward(name: str):
 
 
 def check() -> list[dict[str, object]]:
-    """The one-pass backward against float32 PyTorch, as the module docstring says."""
+    """The Gluon backward (the one-pass backward where heads are grouped) against float32
+    PyTorch, as the module docstring says."""
     from flashlab.kernels.forward import forward
-    from flashlab.lab.variants.backward_one_pass import backward
 
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -78,12 +84,14 @@ def check() -> list[dict[str, object]]:
             k, v = (torch.randn(Z, H_KV, N_K, d, device="cuda", generator=g).to(dtype) for _ in range(2))
             do = torch.randn(Z, H, N_Q, d, device="cuda", generator=g).to(dtype)
             scale = d**-0.5
+            name = "gluon" if H == H_KV else "one_pass"
+            backward = _backward(name)
             o, lse2 = forward(q, k, v, causal, scale)
             got = backward(do, q, k, v, o, lse2, causal, scale)
             again = backward(do, q, k, v, o, lse2, causal, scale)
             ref = _torch_reference(q, k, v, do, causal, torch.float32)
             low = _torch_reference(q, k, v, do, causal, dtype)
-            row = {"dtype": str(dtype).replace("torch.", ""), "Z": Z, "H": H, "H_kv": H_KV, "N_q": N_Q, "N_k": N_K,
+            row = {"backward": name, "dtype": str(dtype).replace("torch.", ""), "Z": Z, "H": H, "H_kv": H_KV, "N_q": N_Q, "N_k": N_K,
                    "d": d, "causal": causal}
             ok = True
             for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
@@ -123,8 +131,7 @@ def _flashlab(q, k, v, do, causal, fwd_impl, bwd_name):
     return (lambda: forward(q, k, v, causal, scale)), both, (lambda: backward(do, q, k, v, o, lse2, causal, scale))
 
 
-CONTENDERS = [("sdpa_cudnn", None, None), ("flashlab", "triton", "teaching_det"), ("flashlab", "triton", "teaching_atomic"),
-              ("flashlab", "triton", "one_pass"), ("flashlab", "gluon", "one_pass")]
+CONTENDERS = [("sdpa_cudnn", None, None), ("flashlab", "triton", "teaching_det"), ("flashlab", "gluon", "gluon")]
 
 
 def _shapes():
@@ -231,7 +238,9 @@ def _precompile(triton_backward: bool = False) -> None:
 
 
 def run_check(out: Path) -> list[Path]:
-    _precompile()
+    from flashlab.lab.bench import precompile_kernels
+
+    precompile_kernels((64, 128), passes=("fwd",))
     return record("backward_check", check(), out)
 
 
@@ -241,5 +250,7 @@ def run_configs(out: Path) -> list[Path]:
 
 
 def run_speed(out: Path) -> list[Path]:
-    _precompile(triton_backward=True)
+    from flashlab.lab.bench import precompile_kernels
+
+    precompile_kernels((64, 128))
     return record("backward_speed", speed(out), out)

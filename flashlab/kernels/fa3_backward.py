@@ -1,0 +1,373 @@
+"""FlashAttention-3 backward (Shah et al. 2024, §3 and Appendix B.1) in Gluon, for Hopper (sm_90).
+
+One program per key block j of Bc = 128 keys of one (batch, head) loops over the query blocks
+i of Br = 64 rows that see it (FlashAttention-2's backward, Algorithm 2, one pass), with FA3's
+division of labour:
+
+    producer    1 warp, few registers:   TMA-loads K_j, V_j once, then Q_i and dO_i into a ring
+                                          of STAGES shared-memory slots (full/empty mbarriers)
+    consumer 0  4 warps (a warpgroup):    keys [0, 64) of the block
+    consumer 1  4 warps (a warpgroup):    keys [64, 128) of the block
+
+Each consumer w keeps dK_w and dV_w (64, d) in registers for the whole loop and, per query block:
+
+    S_ij^T  = K_w Q_i^T                      (64, Br)   wgmma, both operands in shared memory
+    dP_ij^T = V_w dO_i^T                     (64, Br)   wgmma, issued right behind S^T
+    P_ij^T  = exp2(S^T * scale log2 e - L_i) (64, Br)   recomputed from the saved lse  (line 11)
+    dS_ij^T = P^T * (dP^T - D_i)             (64, Br)                                  (line 14)
+    dV_w   += P^T dO_i                       (64, d)    wgmma, P^T from registers       (line 12)
+    dK_w   += dS^T Q_i                       (64, d)    wgmma, dS^T from registers      (line 16)
+    dQ_i   += dS_ij K_j                      (Br, d)    both halves of dS^T through shared
+                                                        memory; added to an fp32 buffer (line 15)
+
+dQ is split between the consumers: at d = 128 each computes 64 of its columns, at d = 64 they
+take query blocks in turn. It is added to HBM with atomic adds, so its bits depend on the order in
+which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`). The
+scale is applied once at the end: dK = scale dS^T Q, dQ = scale dS K.
+
+Glossary: D_i = rowsum(dO_i * O_i); L_i = lse in log2 units; dS = gradient of the scores (打分的
+梯度); Br = BLOCK_M, Bc = 2 * BLOCK_M (keys per program).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ._common import LOG2E
+from .fa3 import _GL_DTYPES, DTYPES, HEAD_DIMS, compile_for_sm90, tensor_descriptor_type
+
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+__all__ = ["BLOCK_M", "backward", "compile_sm90", "config", "supported"]
+
+BLOCK_M = 64  # Br: query rows per block; also the keys each consumer warpgroup owns (Bc = 2 Br)
+NUM_WARPS = 4  # the default partition: consumer 0
+MAXNREG = 168  # as in the forward (flashlab.kernels.fa3): consumers 240 registers, producer 24
+CONSUMER_REGS = gl.constexpr(240)
+# L_i and D_i arrive by TMA as rows of Br floats, unswizzled
+ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+PRODUCER_REGS = gl.constexpr(24)
+
+
+def config(d: int) -> dict:
+    """Ring depth for head dimension ``d``. Shared memory per CTA, 2-byte elements: K_j and V_j
+    2 * 2 Br d, the ring STAGES * 2 Br d (Q_i, dO_i), dS^T 2 * 2 Br Br; d = 128 with 2 stages is
+    160 KB of the 227 KB a CTA may use, d = 64 with 3 stages 104 KB."""
+    return {"BLOCK_M": BLOCK_M, "HEAD_D": d, "STAGES": 2 if d == 128 else 3}
+
+
+@gluon.jit
+def _first_query_block(j0, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
+    """The first query block that sees a key of [j0, j0 + 2 Br): causal (bottom-right), query i
+    sees key j iff j <= i + N_k - N_q, so rows below j0 - (N_k - N_q) see none of them."""
+    lo = 0
+    if CAUSAL:
+        lo = gl.maximum(j0 - (N_K - N_Q), 0) // BLOCK_M
+    return lo
+
+
+@gluon.jit
+def _producer(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem, lse_smem,
+              delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              STAGES: gl.constexpr):
+    """Load K_j, V_j once, then Q_i, dO_i, L_i and D_i of every query block into the ring."""
+    kv_full, q_full, q_empty = bars
+    bh = gl.program_id(1)
+    j0 = gl.program_id(0) * 2 * BLOCK_M
+    mbarrier.expect(kv_full, 2 * desc_k.block_type.nbytes)
+    _tma_load(desc_k, [bh * N_K + j0, 0], kv_full, k_smem)
+    _tma_load(desc_v, [bh * N_K + j0, 0], kv_full, v_smem)
+    lo = _first_query_block(j0, N_Q, N_K, CAUSAL, BLOCK_M)
+    hi = gl.cdiv(N_Q, BLOCK_M)
+    for t in range(hi - lo):
+        i0 = (lo + t) * BLOCK_M
+        stage = t % STAGES
+        mbarrier.wait(q_empty.index(stage), ((t // STAGES) & 1) ^ 1)  # both consumers are done with it
+        mbarrier.expect(q_full.index(stage), 2 * desc_q.block_type.nbytes + 2 * desc_lse.block_type.nbytes)
+        _tma_load(desc_q, [bh * N_Q + i0, 0], q_full.index(stage), q_smem.index(stage))
+        _tma_load(desc_do, [bh * N_Q + i0, 0], q_full.index(stage), do_smem.index(stage))
+        _tma_load(desc_lse, [(bh * N_PAD + i0) // BLOCK_M, 0], q_full.index(stage), lse_smem.index(stage))
+        _tma_load(desc_delta, [(bh * N_PAD + i0) // BLOCK_M, 0], q_full.index(stage), delta_smem.index(stage))
+
+
+@gluon.jit
+def _add_dq(DQ, dq, dq_smem, bh, i0, col0, N_Q, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
+    """dQ[i0 + r, col0 + c] += dq[r, c] in HBM by atomic adds, for the rows below N_q. The tile
+    goes through shared memory (``dq_smem``, this warpgroup's) and is added ROWS rows at a time,
+    so that only a few addresses are live beside dK and dV: (Br, w) addresses straight from the
+    wgmma layout would cost 2 registers each."""
+    ROWS: gl.constexpr = 16
+    W: gl.constexpr = dq.shape[1]
+    chunk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // W, W // 4],
+                                           warps_per_cta=[4, 1], order=[1, 0])
+    dq_smem.store(dq)
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, chunk))
+    c = col0 + gl.arange(0, W, layout=gl.SliceLayout(0, chunk))
+    for r0 in gl.static_range(0, BLOCK_M, ROWS):
+        rows = i0 + r0 + r
+        part = dq_smem.slice(r0, ROWS, dim=0).load(chunk)
+        gl.atomic_add(DQ + (bh * N_Q + rows[:, None]).to(gl.int64) * HEAD_D + c[None, :], part,
+                      mask=(rows < N_Q)[:, None], sem="relaxed")
+
+
+@gluon.jit
+def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, bars,
+              ds_bars,
+              N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
+              BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroup WG: keys j0 + WG Br + [0, Br) of the program's key block."""
+    kv_full, q_full, q_empty = bars
+    ds_ready, ds_free = ds_bars
+    # wgmma accumulators over the warpgroup's 128 threads: S^T, dP^T (Br, Br); dK, dV (Br, d)
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    SPLIT_COLS: gl.constexpr = HEAD_D == 128  # dQ by columns (d = 128) or by turns (d = 64)
+    DQ_D: gl.constexpr = HEAD_D // 2 if SPLIT_COLS else HEAD_D
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_D, 16])
+    key_of: gl.constexpr = gl.SliceLayout(1, st_layout)  # along S^T's rows: keys
+    query_of: gl.constexpr = gl.SliceLayout(0, st_layout)  # along S^T's columns: query rows
+    dtype: gl.constexpr = q_smem.dtype
+
+    bh = gl.program_id(1)
+    j0 = gl.program_id(0) * 2 * BLOCK_M
+    keys = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=key_of)  # (Br,) this warpgroup's keys
+    causal_offset = N_K - N_Q
+    ragged = j0 + 2 * BLOCK_M > N_K  # the block holds keys past N_k: masked on every step
+    lo = _first_query_block(j0, N_Q, N_K, CAUSAL, BLOCK_M)
+    hi = gl.cdiv(N_Q, BLOCK_M)
+    k_w = k_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # K_w (Br, d)
+    v_w = v_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # V_w (Br, d)
+    dk = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
+    mbarrier.wait(kv_full, 0)
+
+    for t in range(hi - lo):
+        i0 = (lo + t) * BLOCK_M
+        stage = t % STAGES
+        buf = t % 2
+        q = q_smem.index(stage)  # Q_i (Br, d)
+        do = do_smem.index(stage)  # dO_i (Br, d)
+        queries = i0 + gl.arange(0, BLOCK_M, layout=query_of)  # (Br,) query rows i
+        mbarrier.wait(q_full.index(stage), (t // STAGES) & 1)
+        zero_st = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, st_layout)  # made here, not kept live
+        st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
+        dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
+        s_t = warpgroup_mma_wait(1, deps=(st_tok,))
+        # L_i of a padded row (and of a row that saw no key) is +inf: its P is 0
+        lse = lse_smem.index(stage).reshape([BLOCK_M]).load(query_of)
+        p_t = gl.exp2(s_t * qk_scale - lse[None, :])  # P^T = exp2(S^T - L_i) (line 11)
+        masked = ragged  # keys past N_k ...
+        if CAUSAL:  # ... or a key some row of the block must not see: the diagonal crosses it
+            masked = masked | (i0 + causal_offset < j0 + 2 * BLOCK_M - 1)
+        if masked:
+            visible = keys[:, None] < N_K
+            if CAUSAL:
+                visible = visible & (keys[:, None] <= queries[None, :] + causal_offset)
+            p_t = gl.where(visible, p_t, 0.0)
+        p_smem.store(p_t.to(dtype))
+        fence_async_shared()
+        dv_tok = warpgroup_mma(p_smem, do, dv, is_async=True)  # dV_w += P^T dO_i (line 12)
+        dp_t = warpgroup_mma_wait(1, deps=(dpt_tok,))  # dP^T is done; dV may still run
+        delta = delta_smem.index(stage).reshape([BLOCK_M]).load(query_of)
+        ds_h = (p_t * (dp_t - delta[None, :])).to(dtype)  # dS^T = P^T * (dP^T - D_i) (line 14)
+        # this warpgroup's half of dS^T into shared memory, for dK here and dQ in both warpgroups;
+        # the slot was freed two steps ago
+        mbarrier.wait(ds_free.index(buf), ((t // 2) & 1) ^ 1)
+        ds_w = ds_smem.index(buf).slice(WG * BLOCK_M, BLOCK_M, dim=0)  # dS_w^T (Br, Br)
+        ds_w.store(ds_h)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(buf), count=1)
+        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
+        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        mbarrier.arrive(q_empty.index(stage), count=1)  # Q_i and dO_i are no longer needed here
+        mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)  # the other warpgroup's half is there
+        ds = ds_smem.index(buf).permute((1, 0))  # dS_ij (Br, 2 Br)
+        zero_dq = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)
+        if SPLIT_COLS:  # dQ_i[:, WG d/2 + [0, d/2)] = dS_ij K_j[:, WG d/2 + [0, d/2)]
+            dq = warpgroup_mma(ds, k_smem.slice(WG * DQ_D, DQ_D, dim=1), zero_dq, use_acc=False)
+            _add_dq(DQ, dq, dq_smem, bh, i0, WG * DQ_D, N_Q, BLOCK_M, HEAD_D)
+        else:  # d = 64: the warpgroups take query blocks in turn
+            if t % 2 == WG:
+                dq = warpgroup_mma(ds, k_smem, zero_dq, use_acc=False)
+                _add_dq(DQ, dq, dq_smem, bh, i0, 0, N_Q, BLOCK_M, HEAD_D)
+        mbarrier.arrive(ds_free.index(buf), count=1)
+
+    # "write dK_j, dV_j to HBM": rows past N_k belong to the next head and are left alone
+    krows = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
+    kcols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
+    at = (bh * N_K + krows[:, None]).to(gl.int64) * HEAD_D + kcols[None, :]
+    gl.store(DK + at, (dk * scale).to(DK.dtype.element_ty), mask=(krows < N_K)[:, None])
+    gl.store(DV + at, dv.to(DV.dtype.element_ty), mask=(krows < N_K)[:, None])
+
+
+@gluon.jit(do_not_specialize=["N_Q", "N_K", "N_PAD"])
+def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, DK, DV, DQ, N_Q, N_K, N_PAD,
+                         qk_scale, scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                         HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+    """Grid (key blocks of 2 Br, B * H). Q, dO, K and V come as 2-D views (B * H * N, d) in
+    blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows past a head's N belong to the next head
+    (or are zero past the end) and are masked. L and D (desc_lse, desc_delta) are (B * H, N_PAD)
+    with N_PAD a multiple of Br, +inf and 0 on the padding. DQ is an fp32 (B * H * N_q, d) buffer
+    that starts at zero."""
+    dtype: gl.constexpr = desc_q.dtype
+    k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)  # K_j (2 Br, d)
+    v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)  # V_j (2 Br, d)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_M, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_M, BLOCK_M], ds_layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_lse.block_type.shape, desc_lse.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_delta.block_type.shape, desc_delta.layout)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
+    p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_M], p_layout)  # each consumer's P^T
+    DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_D],  # each consumer's dQ tile
+                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    kv_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_full, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_full.index(s), count=1)  # the producer's expect + the TMA bytes
+        mbarrier.init(q_empty.index(s), count=2)  # both consumers release a slot
+    for b in gl.static_range(2):
+        mbarrier.init(ds_ready.index(b), count=2)  # both halves of dS^T are written
+        mbarrier.init(ds_free.index(b), count=2)  # both consumers' dQ GEMMs have read it
+    bars = (kv_full, q_full, q_empty)
+    ds_bars = (ds_ready, ds_free)
+    gl.warp_specialize([
+        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem.index(0),
+                     ds_smem, dq_smem.index(0), bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D, STAGES)),
+        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem.index(1),
+                     ds_smem, dq_smem.index(1), bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D, STAGES)),
+        (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
+                     lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL, BLOCK_M, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+           lse2: torch.Tensor) -> None:
+    for name, t in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got {got}")
+        if t.dtype not in DTYPES or t.dtype != q.dtype:
+            raise ValueError(f"{name} must be bfloat16 or float16, like q ({q.dtype}); got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (B, H, N, d); got strides {t.stride()}")
+    if do.shape != q.shape or o.shape != q.shape:
+        raise ValueError(f"do and o must have q's shape {tuple(q.shape)}; got {tuple(do.shape)}, {tuple(o.shape)}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
+    if lse2.shape != q.shape[:3] or lse2.dtype != torch.float32:
+        raise ValueError(f"lse2 must be a float32 tensor of shape {tuple(q.shape[:3])}; "
+                         f"got {lse2.dtype} {tuple(lse2.shape)}")
+    if not (q.is_cuda and all(t.device == q.device for t in (do, k, v, o, lse2))):
+        raise ValueError("do, q, k, v, o and lse2 must be on one CUDA device")
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        major, minor = torch.cuda.get_device_capability(q.device)
+        raise ValueError(f"the FlashAttention-3 backward needs a Hopper GPU (sm_90: H100, H200); got sm_{major}{minor}")
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`backward` takes these inputs (dtype, d, equal heads, layout, a Hopper GPU)."""
+    try:
+        _check(q, q, k, v, q, torch.empty(q.shape[:3], device=q.device, dtype=torch.float32))
+    except (ValueError, AttributeError, IndexError):
+        return False
+    return True
+
+
+def _descriptors(q, do, k, v, lse, delta) -> tuple[TensorDescriptor, ...]:
+    """TMA descriptors over the 2-D views (B * H * N, d): Br-row blocks (Q, dO), 2 Br-row blocks (K, V);
+    and over L, D (B * H, N_pad) viewed as rows of Br, one row a block."""
+    d = q.shape[3]
+    gl_dtype = _GL_DTYPES[q.dtype]
+    rows = gl.NVMMASharedLayout.get_default_for([BLOCK_M, d], gl_dtype)
+    keys = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_M, d], gl_dtype)
+    return (TensorDescriptor.from_tensor(q.view(-1, d), [BLOCK_M, d], rows),
+            TensorDescriptor.from_tensor(do.view(-1, d), [BLOCK_M, d], rows),
+            TensorDescriptor.from_tensor(k.view(-1, d), [2 * BLOCK_M, d], keys),
+            TensorDescriptor.from_tensor(v.view(-1, d), [2 * BLOCK_M, d], keys),
+            TensorDescriptor.from_tensor(lse.view(-1, BLOCK_M), [1, BLOCK_M], ROW_LAYOUT),
+            TensorDescriptor.from_tensor(delta.view(-1, BLOCK_M), [1, BLOCK_M], ROW_LAYOUT))
+
+
+def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             lse2: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) of o = attention(q, k, v) from do, as
+    :func:`flashlab.kernels.backward.backward` returns them.
+
+    do, q, o (B, H, N_q, d) and k, v (B, H, N_k, d): contiguous, bf16 or fp16, d in HEAD_DIMS, on
+    sm_90; lse2 (B, H, N_q) float32, the forward's log-sum-exp in log2 units (-inf for a row that
+    saw no key). Causal is aligned bottom-right. dq is summed by atomic adds: not bit-reproducible."""
+    from .backward import _preprocess_kernel
+
+    _check(do, q, k, v, o, lse2)
+    B, H, N_Q, D = q.shape
+    N_K = k.shape[2]
+    n_pad = triton.cdiv(N_Q, BLOCK_M) * BLOCK_M
+    delta = torch.zeros((B * H, n_pad), device=q.device, dtype=torch.float32)
+    _preprocess_kernel[(triton.cdiv(N_Q, 64), B * H)](  # D_i = rowsum(dO_i * O_i)
+        o, do, delta, o.stride(), do.stride(), H, N_Q, D_HEAD=D, BLOCK_D=D, BLOCK_M=64)
+    # L_i of a padded row, or of a row that saw no key, is +inf: exp2(S - L) = 0 on all its keys
+    lse = torch.full((B * H, n_pad), float("inf"), device=q.device, dtype=torch.float32)
+    lse[:, :N_Q] = torch.where(lse2 == float("-inf"), float("inf"), lse2).view(B * H, N_Q)
+    delta = delta.view(B * H, n_pad) if n_pad == N_Q else _pad_rows(delta, B * H, N_Q, n_pad)
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    grid = (triton.cdiv(N_K, 2 * BLOCK_M), B * H)
+    _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta), dk, dv, dq_acc, N_Q, N_K, n_pad,
+                               scale * LOG2E, scale, CAUSAL=bool(causal), **config(D),
+                               num_warps=NUM_WARPS, maxnreg=MAXNREG)
+    return (dq_acc * scale).to(q.dtype), dk, dv
+
+
+def _pad_rows(delta: torch.Tensor, bh: int, n_q: int, n_pad: int) -> torch.Tensor:
+    """The preprocess kernel wrote D as (B * H, N_q) rows packed one after another; spread them
+    into (B * H, n_pad) rows, the padding zero."""
+    padded = torch.zeros((bh, n_pad), device=delta.device, dtype=delta.dtype)
+    padded[:, :n_q] = delta.view(-1)[: bh * n_q].view(bh, n_q)
+    return padded
+
+
+def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False):
+    """Compile the kernel for sm_90 without a GPU, with the argument types :func:`backward`
+    launches it with; returns Triton's CompiledKernel."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+    c = config(d)
+    g = _GL_DTYPES[dtype]
+    constexprs = dict(CAUSAL=bool(causal), **c)
+    signature = {"desc_q": tensor_descriptor_type(g, [BLOCK_M, d]), "desc_do": tensor_descriptor_type(g, [BLOCK_M, d]),
+                 "desc_k": tensor_descriptor_type(g, [2 * BLOCK_M, d]),
+                 "desc_v": tensor_descriptor_type(g, [2 * BLOCK_M, d]),
+                 "desc_lse": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
+                 "desc_delta": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
+                 "DK": f"*{g}", "DV": f"*{g}", "DQ": "*fp32",
+                 "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32",
+                 **{k: "constexpr" for k in constexprs}}
+    pointers = tuple(_fa3_backward_kernel.arg_names.index(n) for n in ("DK", "DV", "DQ"))
+    return compile_for_sm90(_fa3_backward_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)
