@@ -102,16 +102,25 @@ def _producer(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_s
 
 
 @gluon.jit
-def _add_dq(DQ, dq, dq_smem, bh, i0, col0, N_Q, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
-    """dQ[i0 + r, col0 + c] += dq[r, c] in HBM by atomic adds, for the rows below N_q. The tile
-    goes through shared memory (``dq_smem``, this warpgroup's) and is added ROWS rows at a time,
-    so that only a few addresses are live beside dK and dV: (Br, w) addresses straight from the
-    wgmma layout would cost 2 registers each."""
-    ROWS: gl.constexpr = 16
-    W: gl.constexpr = dq.shape[1]
+def _adds_dq(t, WG: gl.constexpr, HEAD_D: gl.constexpr):
+    """Whether consumer WG computes and adds a part of dQ_i on step t: at d = 128 both do (64
+    columns each), at d = 64 they take the steps in turn."""
+    if HEAD_D == 128:
+        return True
+    else:
+        return t % 2 == WG
+
+
+@gluon.jit
+def _add_dq(DQ, dq_smem, bh, i0, col0, N_Q, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
+    """dQ[i0 + r, col0 + c] += dq[r, c] in HBM by atomic adds, for the rows below N_q, where the
+    tile dq (Br, w) waits in shared memory (``dq_smem``, this warpgroup's). It is added ROWS rows
+    at a time, so that only a few addresses are live beside dK and dV: (Br, w) addresses straight
+    from the wgmma layout would cost 2 registers each."""
+    ROWS: gl.constexpr = 8
+    W: gl.constexpr = dq_smem.shape[1]
     chunk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // W, W // 4],
                                            warps_per_cta=[4, 1], order=[1, 0])
-    dq_smem.store(dq)
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, chunk))
     c = col0 + gl.arange(0, W, layout=gl.SliceLayout(0, chunk))
     for r0 in gl.static_range(0, BLOCK_M, ROWS):
@@ -122,89 +131,108 @@ def _add_dq(DQ, dq, dq_smem, bh, i0, col0, N_Q, BLOCK_M: gl.constexpr, HEAD_D: g
 
 
 @gluon.jit
+def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
+          masked, CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+          HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+    """Step t of consumer WG: query block i0 = (lo + t) Br. Returns dK_w, dV_w (Br, d) updated."""
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem = smem
+    ds_ready, ds_free = ds_bars
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D  # dQ_i's columns this warpgroup computes
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_D, 16])
+    query_of: gl.constexpr = gl.SliceLayout(0, st_layout)  # along S^T's columns: query rows
+    dtype: gl.constexpr = q_smem.dtype
+    i0 = (lo + t) * BLOCK_M
+    stage = t % STAGES
+    buf = t % 2
+    k_w = k_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # K_w (Br, d)
+    v_w = v_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # V_w (Br, d)
+    q = q_smem.index(stage)  # Q_i (Br, d)
+    do = do_smem.index(stage)  # dO_i (Br, d)
+    mbarrier.wait(q_full.index(stage), (t // STAGES) & 1)
+    zero_st = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, st_layout)
+    st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
+    if t > 0:  # the last step's dQ leaves while the tensor cores compute S^T
+        if _adds_dq(t - 1, WG, HEAD_D):
+            _add_dq(DQ, dq_smem.index(WG), bh, i0 - BLOCK_M, WG * DQ_D, N_Q, BLOCK_M, HEAD_D)
+    dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
+    s_t = warpgroup_mma_wait(1, deps=(st_tok,))  # S^T is done; dP^T may still run
+    # L_i of a padded row (and of a row that saw no key) is +inf: its P is 0
+    lse = lse_smem.index(stage).reshape([BLOCK_M]).load(query_of)
+    p_t = gl.exp2(s_t * qk_scale - lse[None, :])  # P^T = exp2(S^T - L_i) (line 11)
+    if masked:  # keys past N_k, and (causal, bottom-right) key j > query i + N_k - N_q
+        keys = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
+        visible = keys[:, None] < N_K
+        if CAUSAL:
+            queries = i0 + gl.arange(0, BLOCK_M, layout=query_of)
+            visible = visible & (keys[:, None] <= queries[None, :] + (N_K - N_Q))
+        p_t = gl.where(visible, p_t, 0.0)
+    p_w = p_smem.index(WG)
+    p_w.store(p_t.to(dtype))
+    fence_async_shared()
+    dv_tok = warpgroup_mma(p_w, do, dv, is_async=True)  # dV_w += P^T dO_i (line 12)
+    dp_t = warpgroup_mma_wait(1, deps=(dpt_tok,))  # dP^T is done; dV may still run
+    delta = delta_smem.index(stage).reshape([BLOCK_M]).load(query_of)
+    ds_h = (p_t * (dp_t - delta[None, :])).to(dtype)  # dS^T = P^T * (dP^T - D_i) (line 14)
+    # this warpgroup's half of dS^T into shared memory, for dK here and dQ in both warpgroups;
+    # the slot was freed two steps ago
+    mbarrier.wait(ds_free.index(buf), ((t // 2) & 1) ^ 1)
+    ds_w = ds_smem.index(buf).slice(WG * BLOCK_M, BLOCK_M, dim=0)  # dS_w^T (Br, Br)
+    ds_w.store(ds_h)
+    fence_async_shared()
+    mbarrier.arrive(ds_ready.index(buf), count=1)
+    dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
+    mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)  # the other warpgroup's half is there
+    ds = ds_smem.index(buf).permute((1, 0))  # dS_ij (Br, 2 Br)
+    if _adds_dq(t, WG, HEAD_D):
+        if HEAD_D == 128:  # dQ_i[:, WG d/2 + [0, d/2)] = dS_ij K_j[:, WG d/2 + [0, d/2)] (line 15)
+            k_cols = k_smem.slice(WG * DQ_D, DQ_D, dim=1)
+        else:  # d = 64: dQ_i = dS_ij K_j, the warpgroups taking query blocks in turn
+            k_cols = k_smem
+        zero_dq = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)
+        dq_tok = warpgroup_mma(ds, k_cols, zero_dq, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+        dq_smem.index(WG).store(dq)  # added to HBM during the next step's S^T (or after the loop)
+    else:
+        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+    mbarrier.arrive(q_empty.index(stage), count=1)  # Q_i and dO_i are no longer needed here
+    mbarrier.arrive(ds_free.index(buf), count=1)  # nor this slot of dS
+    return dk, dv
+
+
+@gluon.jit
 def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, bars,
-              ds_bars,
-              N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
+              ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
     """Consumer warpgroup WG: keys j0 + WG Br + [0, Br) of the program's key block."""
     kv_full, q_full, q_empty = bars
-    ds_ready, ds_free = ds_bars
-    # wgmma accumulators over the warpgroup's 128 threads: S^T, dP^T (Br, Br); dK, dV (Br, d)
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
+    # wgmma accumulators over the warpgroup's 128 threads: dK, dV (Br, d)
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
-    SPLIT_COLS: gl.constexpr = HEAD_D == 128  # dQ by columns (d = 128) or by turns (d = 64)
-    DQ_D: gl.constexpr = HEAD_D // 2 if SPLIT_COLS else HEAD_D
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_D, 16])
-    key_of: gl.constexpr = gl.SliceLayout(1, st_layout)  # along S^T's rows: keys
-    query_of: gl.constexpr = gl.SliceLayout(0, st_layout)  # along S^T's columns: query rows
-    dtype: gl.constexpr = q_smem.dtype
-
     bh = gl.program_id(1)
     j0 = gl.program_id(0) * 2 * BLOCK_M
-    keys = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=key_of)  # (Br,) this warpgroup's keys
-    causal_offset = N_K - N_Q
-    ragged = j0 + 2 * BLOCK_M > N_K  # the block holds keys past N_k: masked on every step
     lo = _first_query_block(j0, N_Q, N_K, CAUSAL, BLOCK_M)
-    hi = gl.cdiv(N_Q, BLOCK_M)
-    k_w = k_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # K_w (Br, d)
-    v_w = v_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # V_w (Br, d)
+    n = gl.cdiv(N_Q, BLOCK_M) - lo  # query blocks to visit
+    # the first n_masked of them hold a (key, query) pair that must not count: keys past N_k
+    # (every step, when the block is the ragged last one), or the diagonal crossing the block
+    n_masked = 0
+    if CAUSAL:  # query block i0 sees all the block's keys iff j0 + 2 Br - 1 <= i0 + N_k - N_q
+        n_masked = gl.minimum(gl.maximum(gl.cdiv(j0 + 2 * BLOCK_M - 1 - (N_K - N_Q), BLOCK_M) - lo, 0), n)
+    if j0 + 2 * BLOCK_M > N_K:
+        n_masked = n
+    smem = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem)
     dk = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_full, 0)
-
-    for t in range(hi - lo):
-        i0 = (lo + t) * BLOCK_M
-        stage = t % STAGES
-        buf = t % 2
-        q = q_smem.index(stage)  # Q_i (Br, d)
-        do = do_smem.index(stage)  # dO_i (Br, d)
-        queries = i0 + gl.arange(0, BLOCK_M, layout=query_of)  # (Br,) query rows i
-        mbarrier.wait(q_full.index(stage), (t // STAGES) & 1)
-        zero_st = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, st_layout)  # made here, not kept live
-        st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
-        dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
-        s_t = warpgroup_mma_wait(1, deps=(st_tok,))
-        # L_i of a padded row (and of a row that saw no key) is +inf: its P is 0
-        lse = lse_smem.index(stage).reshape([BLOCK_M]).load(query_of)
-        p_t = gl.exp2(s_t * qk_scale - lse[None, :])  # P^T = exp2(S^T - L_i) (line 11)
-        masked = ragged  # keys past N_k ...
-        if CAUSAL:  # ... or a key some row of the block must not see: the diagonal crosses it
-            masked = masked | (i0 + causal_offset < j0 + 2 * BLOCK_M - 1)
-        if masked:
-            visible = keys[:, None] < N_K
-            if CAUSAL:
-                visible = visible & (keys[:, None] <= queries[None, :] + causal_offset)
-            p_t = gl.where(visible, p_t, 0.0)
-        p_smem.store(p_t.to(dtype))
-        fence_async_shared()
-        dv_tok = warpgroup_mma(p_smem, do, dv, is_async=True)  # dV_w += P^T dO_i (line 12)
-        dp_t = warpgroup_mma_wait(1, deps=(dpt_tok,))  # dP^T is done; dV may still run
-        delta = delta_smem.index(stage).reshape([BLOCK_M]).load(query_of)
-        ds_h = (p_t * (dp_t - delta[None, :])).to(dtype)  # dS^T = P^T * (dP^T - D_i) (line 14)
-        # this warpgroup's half of dS^T into shared memory, for dK here and dQ in both warpgroups;
-        # the slot was freed two steps ago
-        mbarrier.wait(ds_free.index(buf), ((t // 2) & 1) ^ 1)
-        ds_w = ds_smem.index(buf).slice(WG * BLOCK_M, BLOCK_M, dim=0)  # dS_w^T (Br, Br)
-        ds_w.store(ds_h)
-        fence_async_shared()
-        mbarrier.arrive(ds_ready.index(buf), count=1)
-        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        mbarrier.arrive(q_empty.index(stage), count=1)  # Q_i and dO_i are no longer needed here
-        mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)  # the other warpgroup's half is there
-        ds = ds_smem.index(buf).permute((1, 0))  # dS_ij (Br, 2 Br)
-        zero_dq = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)
-        if SPLIT_COLS:  # dQ_i[:, WG d/2 + [0, d/2)] = dS_ij K_j[:, WG d/2 + [0, d/2)]
-            dq = warpgroup_mma(ds, k_smem.slice(WG * DQ_D, DQ_D, dim=1), zero_dq, use_acc=False)
-            _add_dq(DQ, dq, dq_smem, bh, i0, WG * DQ_D, N_Q, BLOCK_M, HEAD_D)
-        else:  # d = 64: the warpgroups take query blocks in turn
-            if t % 2 == WG:
-                dq = warpgroup_mma(ds, k_smem, zero_dq, use_acc=False)
-                _add_dq(DQ, dq, dq_smem, bh, i0, 0, N_Q, BLOCK_M, HEAD_D)
-        mbarrier.arrive(ds_free.index(buf), count=1)
+    for t in range(n):
+        dk, dv = _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
+                       t < n_masked, CAUSAL, WG, BLOCK_M, HEAD_D, STAGES)
+    if n > 0:  # the last step's dQ
+        if _adds_dq(n - 1, WG, HEAD_D):
+            DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D
+            _add_dq(DQ, dq_smem.index(WG), bh, (lo + n - 1) * BLOCK_M, WG * DQ_D, N_Q, BLOCK_M, HEAD_D)
 
     # "write dK_j, dV_j to HBM": rows past N_k belong to the next head and are left alone
     krows = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
@@ -252,10 +280,12 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     bars = (kv_full, q_full, q_empty)
     ds_bars = (ds_ready, ds_free)
     gl.warp_specialize([
-        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem.index(0),
-                     ds_smem, dq_smem.index(0), bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D, STAGES)),
-        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem.index(1),
-                     ds_smem, dq_smem.index(1), bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D, STAGES)),
+        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
+                     dq_smem, bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
+                     STAGES)),
+        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
+                     dq_smem, bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
+                     STAGES)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                      lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL, BLOCK_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
