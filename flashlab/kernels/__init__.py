@@ -84,10 +84,13 @@ def flash_attention(
         i + off - left <= j <= i + off + right (off = N_k - N_q); -1 leaves a side unbounded.
         Key blocks outside the window are never loaded. With causal, right is capped at 0.
     deterministic : True (default) computes dQ in its own kernel, bit-identical from run to run;
-        False adds dQ contributions with atomic adds inside the dK/dV kernel (the paper's
-        single loop), whose summation order, and so whose last bits, vary between runs.
-    impl : which forward kernel runs; the backward is always the Triton one (backward.py),
-        which takes the forward's lse whichever kernel wrote it.
+        False adds dQ contributions with atomic adds inside the dK/dV loop (the paper's
+        single loop), whose summation order, and so whose last bits, vary between runs. On a
+        Hopper GPU, for bfloat16/float16, d = 64 or 128, equal heads, no window and no varlen,
+        False runs the Gluon FlashAttention-3 backward (fa3_backward.py), the fastest here;
+        elsewhere the Triton kernel's atomic path.
+    impl : which forward kernel runs; the backward (backward.py, or fa3_backward.py as above)
+        takes the forward's lse whichever kernel wrote it.
 
         - "triton" (default): forward.py, every input above, on any CUDA GPU or the interpreter;
         - "gluon": fa3.py, FlashAttention-3's warp-specialised forward, on a Hopper GPU (sm_90)

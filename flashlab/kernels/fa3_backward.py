@@ -156,7 +156,8 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
     st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
     if t > 0:  # the last step's dQ leaves while the tensor cores compute S^T
         if _adds_dq(t - 1, WG, HEAD_D):
-            _add_dq(DQ, dq_smem.index(WG), bh, i0 - BLOCK_M, WG * DQ_D, N_Q, BLOCK_M, HEAD_D)
+            _add_dq(DQ, dq_smem.index(WG), bh, i0 - BLOCK_M, WG * DQ_D if HEAD_D == 128 else 0, N_Q,
+                    BLOCK_M, HEAD_D)
     dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
     s_t = warpgroup_mma_wait(1, deps=(st_tok,))  # S^T is done; dP^T may still run
     # L_i of a padded row (and of a row that saw no key) is +inf: its P is 0
@@ -232,7 +233,8 @@ def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
     if n > 0:  # the last step's dQ
         if _adds_dq(n - 1, WG, HEAD_D):
             DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D
-            _add_dq(DQ, dq_smem.index(WG), bh, (lo + n - 1) * BLOCK_M, WG * DQ_D, N_Q, BLOCK_M, HEAD_D)
+            _add_dq(DQ, dq_smem.index(WG), bh, (lo + n - 1) * BLOCK_M, WG * DQ_D if HEAD_D == 128 else 0,
+                    N_Q, BLOCK_M, HEAD_D)
 
     # "write dK_j, dV_j to HBM": rows past N_k belong to the next head and are left alone
     krows = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
@@ -319,12 +321,14 @@ def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`backward` takes these inputs (dtype, d, equal heads, layout, a Hopper GPU)."""
-    try:
-        _check(q, q, k, v, q, torch.empty(q.shape[:3], device=q.device, dtype=torch.float32))
-    except (ValueError, AttributeError, IndexError):
+    """Whether :func:`backward` takes these inputs once they are contiguous: (B, H, N, d) on a
+    Hopper GPU, bfloat16/float16, d in HEAD_DIMS, as many K/V heads as query heads."""
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_cuda for t in tensors):
         return False
-    return True
+    return (q.dtype in DTYPES and q.dtype == k.dtype == v.dtype and k.shape == v.shape
+            and q.shape[:2] == k.shape[:2] and q.shape[3] == k.shape[3] and q.shape[3] in HEAD_DIMS
+            and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
 def _descriptors(q, do, k, v, lse, delta) -> tuple[TensorDescriptor, ...]:

@@ -29,7 +29,8 @@ from .backward import backward as _backward
 from .decoding import flash_decode as _flash_decode
 from .forward import forward as _forward
 
-__all__ = ["IMPLS", "attention_forward", "attention_backward", "decode", "gluon_refusal", "resolve_impl"]
+__all__ = ["IMPLS", "attention_forward", "attention_backward", "decode", "gluon_refusal", "hopper_backward",
+           "resolve_impl"]
 
 # flash_attention(impl=...): the Triton FA2 forward (forward.py), the Gluon FA3 forward (fa3.py,
 # sm_90), or the Gluon one where it can run the inputs and the Triton one elsewhere.
@@ -126,14 +127,36 @@ def _attention_forward_fake(q, k, v, causal, scale, window, deterministic, impl,
     return torch.empty_like(q), q.new_empty(lse2_shape, dtype=torch.float32)  # as forward.py and fa3.py allocate
 
 
+def hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the Gluon FA3 backward (fa3_backward.py, dQ by atomics) takes these inputs: a
+    Hopper GPU, bfloat16/float16, d = 64 or 128, as many K/V heads as query heads."""
+    if not q.is_cuda:
+        return False
+    try:
+        from . import fa3_backward
+    except ImportError:  # a triton without Gluon for Hopper
+        return False
+    return fa3_backward.supported(q, k, v)
+
+
+def _fa3_backward(*args):
+    from .fa3_backward import backward
+
+    return backward(*args)
+
+
 @torch.library.custom_op("flashlab::attention_backward", mutates_args=())
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse2: torch.Tensor, causal: bool, scale: float, window: Optional[list[int]],
                        deterministic: bool, cu_seqlens_q: Optional[torch.Tensor],
                        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int,
                        max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) from dO by backward.py, whatever forward produced (o, lse2)."""
+    """(dq, dk, dv) from dO, whatever forward produced (o, lse2): backward.py, or, with
+    ``deterministic=False`` where it runs (:func:`hopper_backward`), the Gluon FA3 backward."""
     window_ = None if window is None else (window[0], window[1])
+    if not deterministic and window is None and cu_seqlens_q is None and hopper_backward(q, k, v):
+        do, q, k, v, o = (t.contiguous() for t in (do, q, k, v, o))
+        return _fa3_backward(do, q, k, v, o, lse2, causal, scale)
     do, q, k, v, o = (unit_last_stride(t) for t in (do, q, k, v, o))
     cu = None
     if cu_seqlens_q is not None:  # checked by the forward

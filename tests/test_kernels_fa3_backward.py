@@ -1,0 +1,244 @@
+"""The Gluon FlashAttention-3 backward (flashlab.kernels.fa3_backward).
+
+On a CPU the kernel is compiled for sm_90 (Gluon has no interpreter) and the compiled code must
+show FA3's structure: warp specialisation with register reallocation (``setmaxnreg``), TMA loads
+completing on mbarriers, wgmma, dQ added by atomics; and what makes it fast: no local memory in
+the query-block loop and no serialised wgmma (ptxas waits for each wgmma to finish when other
+instructions touch its accumulators while it runs).
+On a Hopper GPU (marker ``gpu``): dq, dk, dv against the float64 reference under the flash-attn
+rule (max error at most twice that of plain PyTorch attention in the same precision, plus 1e-5),
+causal and not, ragged N, N_q != N_k both ways (rows that see no key among them), several heads
+and batches, bf16 and fp16; dk and dv bit-identical twice (dq is summed by atomics); bad input
+refused naming the argument.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper", reason="this triton has no Gluon for Hopper")
+
+import triton  # noqa: E402
+
+from tiers import needs_gpu  # noqa: E402
+
+VERIFIED_TRITON = ("3.6.", "3.9.")
+BUILDS = [(d, causal) for d in (64, 128) for causal in (False, True)]
+
+# compiled in a fresh process: TRITON_INTERPRET (set for the other kernel tests) patches triton.language
+_BUILD = """
+import base64, json, sys, torch
+from flashlab.kernels import fa3_backward
+out = {}
+for d, causal in json.loads(sys.argv[1]):
+    try:
+        k = fa3_backward.compile_sm90(torch.bfloat16, d, causal)
+        out[f"{d}-{causal}"] = {"ptx": k.asm["ptx"], "cubin": base64.b64encode(k.asm["cubin"]).decode(),
+                                "shared": k.metadata.shared}
+    except Exception as exc:
+        out[f"{d}-{causal}"] = {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
+print(json.dumps(out))
+"""
+
+
+@functools.cache
+def _builds() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(BUILDS)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _compiled(d: int, causal: bool) -> dict:
+    build = _builds()[f"{d}-{causal}"]
+    if "error" in build:
+        if triton.__version__.startswith(VERIFIED_TRITON):
+            raise AssertionError(f"the backward does not compile for sm_90: {build['error']}")
+        pytest.skip(f"the backward does not compile with triton {triton.__version__}: {build['error'][:120]}")
+    return build
+
+
+def _sass(cubin: bytes) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        pytest.skip("no cuobjdump beside this triton")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def query_block_loops(sass: str) -> list[list[str]]:
+    """The instructions of each query-block loop in ``sass``: the shortest backward branches whose
+    body holds the step's wgmmas (HGMMA, at least 4 k-steps each of S^T, dP^T, dV, dK)."""
+    ins = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, op in ins:
+        m = re.search(r"BRA (0x[0-9a-f]+)", op)
+        if m and int(m.group(1), 16) < addr:
+            body = [o for a, o in ins if int(m.group(1), 16) <= a <= addr]
+            if sum("HGMMA" in o for o in body) >= 16:
+                loops.append(body)
+    shortest = min((len(b) for b in loops), default=0)
+    return [b for b in loops if len(b) < 1.5 * shortest]
+
+
+def serialised(body: list[str]) -> bool:
+    """Whether ptxas waits for every wgmma to finish before the next one (its C7514 fallback): a
+    full wait (``WARPGROUP.DEPBAR.LE gsb0, 0x0``) behind most HGMMA instructions."""
+    waits = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in o for o in body)
+    return waits >= 0.75 * sum("HGMMA" in o for o in body)
+
+
+@pytest.mark.parametrize("d, causal", BUILDS)
+def test_compiled_code_has_fa3_backward_structure(d, causal):
+    ptx = _compiled(d, causal)["ptx"]
+    assert "setmaxnreg.dec.sync.aligned.u32 \t24" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t240" in ptx
+    assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx and "expect_tx" in ptx
+    assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx  # S^T ready, dP^T may run
+    assert re.search(r"atom\.global\.\w*\.?relaxed\.\w*\.?add", ptx) or "red.global" in ptx  # dQ
+
+
+@pytest.mark.parametrize("d, causal", BUILDS)
+def test_query_block_loop_is_neither_spilled_nor_serialised(d, causal):
+    sass = _sass(base64.b64decode(_compiled(d, causal)["cubin"]))
+    loops = query_block_loops(sass)
+    assert loops, "no query-block loop found in the SASS"
+    local = sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o)) for body in loops for o in body)
+    allowed = 0 if triton.__version__.startswith("3.6.") else 4  # the device's Triton; CI's may differ
+    assert local <= allowed, f"{local} local-memory accesses in the query-block loop"
+    assert not any(serialised(body) for body in loops), "ptxas serialised the wgmma of the query-block loop"
+
+
+def test_serialisation_finder_finds_a_serialised_loop():
+    body = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0"] * 8
+    assert serialised(body)
+    overlapped = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0"] * 8 + ["WARPGROUP.DEPBAR.LE gsb0, 0x1"]
+    assert not serialised(overlapped)
+
+
+@pytest.mark.parametrize("d", (64, 128))
+def test_config_fits_shared_memory(d):
+    assert _compiled(d, False)["shared"] <= 227 * 1024
+
+
+# ---------------------------------------------------------------------------------------- GPU
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_90: H100, H200)")
+
+# (B, H, N_q, N_k, d, causal, dtype): ragged lengths, N_q != N_k both ways (N_q > N_k causal:
+# the first N_q - N_k rows see no key), a key block shorter than one block
+CASES = [(2, 4, 1024, 1024, 128, False, torch.bfloat16), (2, 4, 1024, 1024, 128, True, torch.bfloat16),
+         (1, 4, 1333, 777, 128, True, torch.bfloat16), (1, 3, 777, 1333, 128, True, torch.float16),
+         (3, 5, 300, 301, 64, False, torch.bfloat16), (2, 3, 129, 65, 64, True, torch.float16),
+         (1, 2, 2048, 2048, 64, True, torch.bfloat16), (1, 2, 1, 700, 128, False, torch.bfloat16)]
+
+
+def _attention(q, k, v, causal):
+    """Attention with bottom-right causal alignment; a row that sees no key gives 0."""
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril(n_k - n_q)
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return p @ v
+
+
+def _grads(q, k, v, do, causal, dtype):
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(_attention(q, k, v, causal), (q, k, v), do.to(dtype))
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)).replace("torch.", ""))
+def test_matches_float64_reference(case):
+    from flashlab.kernels import fa3_backward
+    from flashlab.kernels.forward import forward
+
+    B, H, N_Q, N_K, d, causal, dtype = case
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, H, N_Q, d, device="cuda", generator=g).to(dtype)
+    k, v = (torch.randn(B, H, N_K, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    do = torch.randn(B, H, N_Q, d, device="cuda", generator=g).to(dtype)
+    o, lse2 = forward(q, k, v, causal, d**-0.5)
+    got = fa3_backward.backward(do, q, k, v, o, lse2, causal, d**-0.5)
+    again = fa3_backward.backward(do, q, k, v, o, lse2, causal, d**-0.5)
+    ref = _grads(q, k, v, do, causal, torch.float64)
+    low = _grads(q, k, v, do, causal, dtype)
+    for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        assert a.dtype == dtype and a.shape == r.shape, name
+        assert torch.isfinite(a).all(), f"{name} is not finite"
+        err = (a.double() - r).abs().max().item()
+        bound = 2 * (lo.double() - r).abs().max().item() + 1e-5
+        assert err <= bound, f"{name}: max error {err:.3e} > {bound:.3e}"
+    assert torch.equal(got[1], again[1]) and torch.equal(got[2], again[2]), "dk, dv differ between two runs"
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("bad, words", [("d", "head dimension"), ("dtype", "bfloat16 or float16"),
+                                        ("lse", "lse2 must be"), ("stride", "contiguous")])
+def test_bad_input_names_the_argument(bad, words):
+    from flashlab.kernels import fa3_backward
+
+    q, k, v, do, o = (torch.randn(1, 2, 128, 128 if bad != "d" else 96, device="cuda", dtype=torch.bfloat16)
+                      for _ in range(5))
+    lse2 = torch.zeros(1, 2, 128, device="cuda")
+    if bad == "dtype":
+        q = q.float()
+    if bad == "lse":
+        lse2 = lse2.half()
+    if bad == "stride":
+        k = k.transpose(2, 3)
+    with pytest.raises(ValueError, match=words):
+        fa3_backward.backward(do, q, k, v, o, lse2, False, 0.1)
+
+
+def test_cpu_tensors_take_the_triton_backward():
+    from flashlab.kernels import ops
+
+    q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    assert not ops.hopper_backward(q, q, q)
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", (False, True))
+def test_flash_attention_atomic_backward_is_the_gluon_one(causal, monkeypatch):
+    from flashlab.kernels import fa3_backward, flash_attention
+
+    calls = []
+    real = fa3_backward.backward
+    monkeypatch.setattr(fa3_backward, "backward", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, do = (torch.randn(2, 3, 700, 128, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    got = torch.autograd.grad(flash_attention(q, k, v, causal=causal, deterministic=False), (q, k, v), do)
+    assert calls, "deterministic=False on a Hopper GPU did not run the Gluon backward"
+    ref = _grads(q, k, v, do, causal, torch.float64)
+    low = _grads(q, k, v, do, causal, torch.bfloat16)
+    for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        err = (a.double() - r).abs().max().item()
+        assert err <= 2 * (lo.double() - r).abs().max().item() + 1e-5, f"{name}: max error {err:.3e}"
