@@ -41,13 +41,13 @@ _BUILD = """
 import base64, json, sys, torch
 from flashlab.kernels import fa3_backward
 out = {}
-for d, causal in json.loads(sys.argv[1]):
+for d, causal, stamps in json.loads(sys.argv[1]):
     try:
-        k = fa3_backward.compile_sm90(torch.bfloat16, d, causal)
-        out[f"{d}-{causal}"] = {"ptx": k.asm["ptx"], "cubin": base64.b64encode(k.asm["cubin"]).decode(),
+        k = fa3_backward.compile_sm90(torch.bfloat16, d, causal, stamps)
+        out[f"{d}-{causal}-{stamps}"] = {"ptx": k.asm["ptx"], "cubin": base64.b64encode(k.asm["cubin"]).decode(),
                                 "shared": k.metadata.shared}
     except Exception as exc:
-        out[f"{d}-{causal}"] = {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
+        out[f"{d}-{causal}-{stamps}"] = {"error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
 print(json.dumps(out))
 """
 
@@ -55,14 +55,15 @@ print(json.dumps(out))
 @functools.cache
 def _builds() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(BUILDS)], capture_output=True, text=True,
+    wanted = [(d, causal, False) for d, causal in BUILDS] + [(128, False, True)]
+    run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True,
                          env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _compiled(d: int, causal: bool) -> dict:
-    build = _builds()[f"{d}-{causal}"]
+def _compiled(d: int, causal: bool, stamps: bool = False) -> dict:
+    build = _builds()[f"{d}-{causal}-{stamps}"]
     if "error" in build:
         if triton.__version__.startswith(VERIFIED_TRITON):
             raise AssertionError(f"the backward does not compile for sm_90: {build['error']}")
@@ -132,6 +133,57 @@ def test_serialisation_finder_finds_a_serialised_loop():
 @pytest.mark.parametrize("d", (64, 128))
 def test_config_fits_shared_memory(d):
     assert _compiled(d, False)["shared"] <= 227 * 1024
+
+
+def test_time_stamps_are_compiled_only_when_asked():
+    assert "%globaltimer" not in _compiled(128, False)["ptx"]
+    stamped = _compiled(128, False, stamps=True)["ptx"]
+    assert "%globaltimer" in stamped and "%clock64" in stamped
+
+
+def _synthetic_stamps(steps: int, phases: int, gap: int = 100) -> "np.ndarray":
+    """Stamps as the kernel writes them for ``steps`` steps: cycles rising by ``gap`` a phase,
+    the timer at 2 ns a cycle, consumer 1 one cycle behind consumer 0."""
+    import numpy as np
+
+    s = np.zeros((steps + 3, phases, 2, 2), dtype=np.int64)
+    for t in range(steps):
+        for p in range(phases):
+            for w in range(2):
+                c = 1000 + (t * phases + p) * gap + w
+                s[t, p, w] = (2 * c, c)
+    return s
+
+
+def test_phases_follow_the_consumer_order():
+    from flashlab.kernels import fa3_backward
+    from flashlab.lab.experiments import fa3_backward_timeline as tl
+
+    n = len(fa3_backward.STAMP_PHASES)
+    rows = tl.phases(_synthetic_stamps(8, n))
+    assert len(rows) == 2 * (8 * n - 1)  # each consumer: every phase but the very last has an end
+    first = [r for r in rows if r["partition"] == "consumer 0"][: n + 1]
+    assert [r["phase"] for r in first] == list(fa3_backward.STAMP_PHASES) + ["wait_q"]
+    assert all(abs(r["end_us"] - r["start_us"] - 0.2) < 1e-6 for r in rows)  # 100 cycles at 2 ns
+    assert abs(tl.step_period(rows) - 0.2 * n) < 1e-6
+    assert abs(tl.phase_means(rows)[("consumer 1", "exp")] - 0.2) < 1e-6
+
+
+def test_phases_refuse_missing_stamps():
+    from flashlab.kernels import fa3_backward
+    from flashlab.lab.experiments import fa3_backward_timeline as tl
+
+    s = _synthetic_stamps(6, len(fa3_backward.STAMP_PHASES))
+    s[3, 5, 1] = 0  # consumer 1 never noted "exp" of step 3
+    with pytest.raises(ValueError, match="missing"):
+        tl.phases(s)
+
+
+def test_step_products_at_the_matmul_rate():
+    from flashlab.lab.experiments import fa3_backward_timeline as tl
+
+    # ten 64 x 64 x 128 products (10.5 MFLOP) at 1 TFLOP/s on one SM: 10.49 us
+    assert abs(tl.step_products_us(1.0, 128, 1) - 10.48576) < 1e-4
 
 
 # ---------------------------------------------------------------------------------------- GPU
@@ -213,6 +265,25 @@ def test_bad_input_names_the_argument(bad, words):
         k = k.transpose(2, 3)
     with pytest.raises(ValueError, match=words):
         fa3_backward.backward(do, q, k, v, o, lse2, False, 0.1)
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.gpu
+def test_time_stamps_change_nothing_and_cover_every_phase():
+    from flashlab.kernels import fa3_backward
+    from flashlab.kernels.forward import forward
+    from flashlab.lab.experiments import fa3_backward_timeline as tl
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v, do = (torch.randn(1, 4, 1024, 128, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    o, lse2 = forward(q, k, v, False, 128**-0.5)
+    _, dk, dv, stamps = tl.stamped_backward(do, q, k, v, o, lse2, False, at=(3, 2))
+    _, dk_plain, dv_plain = fa3_backward.backward(do, q, k, v, o, lse2, False, 128**-0.5)
+    assert torch.equal(dk, dk_plain) and torch.equal(dv, dv_plain)
+    rows = tl.phases(stamps)
+    assert {r["step"] for r in rows} == set(range(1024 // 64))
+    assert all(r["end_us"] >= r["start_us"] for r in rows)
 
 
 def test_cpu_tensors_take_the_triton_backward():

@@ -83,18 +83,20 @@ def config(d: int) -> dict:
 
 
 @gluon.jit
-def _stamp(STAMP, here, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.constexpr):
+def _stamp(STAMP, here, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.constexpr,
+           SLOTS: gl.constexpr = STAMP_SLOTS, PARTS: gl.constexpr = 3):
     """STAMPS: partition PART (:data:`STAMP_PARTS`) begins phase PHASE (:data:`STAMP_PHASES`) of
     key block j now; ``here`` says whether the tile in hand is the stamped one. One thread writes
     (%globaltimer ns, %clock64 cycles of this SM) to STAMP[j, PHASE, PART, :] of an int64
-    (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer; a slot no stamp reaches stays as the caller filled
-    it. Every tile reads the clocks, so the stamped tile runs the same instructions as the others."""
+    (n_blocks + 1, SLOTS, PARTS, 2) buffer; a slot no stamp reaches stays as the caller filled
+    it. Every tile reads the clocks, so the stamped tile runs the same instructions as the others.
+    (The backward, :mod:`.fa3_backward`, stamps its own phases with its own SLOTS and PARTS.)"""
     if STAMPS:
         ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
                                        pack=1)
         cycles = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False,
                                            pack=1)
-        slot = STAMP + ((j * STAMP_SLOTS + PHASE) * 3 + PART) * 2
+        slot = STAMP + ((j * SLOTS + PHASE) * PARTS + PART) * 2
         gl.store(slot, ns, mask=here)
         gl.store(slot + 1, cycles, mask=here)
 

@@ -45,16 +45,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
-from .fa3 import _GL_DTYPES, DTYPES, HEAD_DIMS, compile_for_sm90, tensor_descriptor_type
+from .fa3 import _GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, compile_for_sm90, tensor_descriptor_type
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-__all__ = ["BLOCK_M", "backward", "compile_sm90", "config", "supported"]
+__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "supported"]
 
 BLOCK_M = 64  # Br: query rows per block; also the keys each consumer warpgroup owns (Bc = 2 Br)
 NUM_WARPS = 4  # the default partition: consumer 0
 MAXNREG = 168  # as in the forward (flashlab.kernels.fa3): consumers 240 registers, producer 24
 CONSUMER_REGS = gl.constexpr(240)
+# Time stamps (STAMPS=True; flashlab.lab.experiments.fa3_backward_timeline): each consumer notes
+# when it begins each phase of step t, in this order: wait for Q_i and dO_i, issue S^T, add the
+# last step's dQ, issue dP^T, wait for S^T, P^T = exp2(...), P^T to shared memory and issue dV,
+# wait for dP^T, dS^T, wait for a free dS slot, dS^T to shared memory, issue dK, wait for the
+# other half of dS, issue dQ, wait for dV, dK, dQ, dQ to shared memory; "done" closes the step.
+STAMP_PHASES = ("wait_q", "issue_s", "add_dq", "issue_dp", "wait_s", "exp", "issue_dv", "wait_dp", "ds",
+                "wait_ds_free", "store_ds", "issue_dk", "wait_ds_ready", "issue_dq", "wait_all", "store_dq", "done")
+(_WAIT_Q, _ISSUE_S, _ADD_DQ, _ISSUE_DP, _WAIT_S, _EXP, _ISSUE_DV, _WAIT_DP, _DS, _WAIT_DS_FREE, _STORE_DS,
+ _ISSUE_DK, _WAIT_DS_READY, _ISSUE_DQ, _WAIT_ALL, _STORE_DQ, _DONE) = (gl.constexpr(p)
+                                                                        for p in range(len(STAMP_PHASES)))
+STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
+STAMP_PARTS = ("consumer 0", "consumer 1")
 # L_i and D_i arrive by TMA as rows of Br floats, unswizzled
 ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 PRODUCER_REGS = gl.constexpr(24)
@@ -133,8 +145,9 @@ def _add_dq(DQ, dq_smem, bh, i0, col0, N_Q, BLOCK_M: gl.constexpr, HEAD_D: gl.co
 @gluon.jit
 def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
           masked, CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
-          HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-    """Step t of consumer WG: query block i0 = (lo + t) Br. Returns dK_w, dV_w (Br, d) updated."""
+          HEAD_D: gl.constexpr, STAGES: gl.constexpr, STAMP, here, STAMPS: gl.constexpr):
+    """Step t of consumer WG: query block i0 = (lo + t) Br. Returns dK_w, dV_w (Br, d) updated.
+    STAMPS: the program where ``here`` holds notes when each phase begins (:data:`STAMP_PHASES`)."""
     k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem = smem
     ds_ready, ds_free = ds_bars
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -151,15 +164,21 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
     v_w = v_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # V_w (Br, d)
     q = q_smem.index(stage)  # Q_i (Br, d)
     do = do_smem.index(stage)  # dO_i (Br, d)
+    _stamp(STAMP, here, WG, _WAIT_Q, t, STAMPS, STAMP_SLOTS, 2)
     mbarrier.wait(q_full.index(stage), (t // STAGES) & 1)
+    _stamp(STAMP, here, WG, _ISSUE_S, t, STAMPS, STAMP_SLOTS, 2)
     zero_st = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, st_layout)
     st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
+    _stamp(STAMP, here, WG, _ADD_DQ, t, STAMPS, STAMP_SLOTS, 2)
     if t > 0:  # the last step's dQ leaves while the tensor cores compute S^T
         if _adds_dq(t - 1, WG, HEAD_D):
             _add_dq(DQ, dq_smem.index(WG), bh, i0 - BLOCK_M, WG * DQ_D if HEAD_D == 128 else 0, N_Q,
                     BLOCK_M, HEAD_D)
+    _stamp(STAMP, here, WG, _ISSUE_DP, t, STAMPS, STAMP_SLOTS, 2)
     dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
+    _stamp(STAMP, here, WG, _WAIT_S, t, STAMPS, STAMP_SLOTS, 2)
     s_t = warpgroup_mma_wait(1, deps=(st_tok,))  # S^T is done; dP^T may still run
+    _stamp(STAMP, here, WG, _EXP, t, STAMPS, STAMP_SLOTS, 2)
     # L_i of a padded row (and of a row that saw no key) is +inf: its P is 0
     lse = lse_smem.index(stage).reshape([BLOCK_M]).load(query_of)
     p_t = gl.exp2(s_t * qk_scale - lse[None, :])  # P^T = exp2(S^T - L_i) (line 11)
@@ -170,23 +189,31 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
             queries = i0 + gl.arange(0, BLOCK_M, layout=query_of)
             visible = visible & (keys[:, None] <= queries[None, :] + (N_K - N_Q))
         p_t = gl.where(visible, p_t, 0.0)
+    _stamp(STAMP, here, WG, _ISSUE_DV, t, STAMPS, STAMP_SLOTS, 2)
     p_w = p_smem.index(WG)
     p_w.store(p_t.to(dtype))
     fence_async_shared()
     dv_tok = warpgroup_mma(p_w, do, dv, is_async=True)  # dV_w += P^T dO_i (line 12)
+    _stamp(STAMP, here, WG, _WAIT_DP, t, STAMPS, STAMP_SLOTS, 2)
     dp_t = warpgroup_mma_wait(1, deps=(dpt_tok,))  # dP^T is done; dV may still run
+    _stamp(STAMP, here, WG, _DS, t, STAMPS, STAMP_SLOTS, 2)
     delta = delta_smem.index(stage).reshape([BLOCK_M]).load(query_of)
     ds_h = (p_t * (dp_t - delta[None, :])).to(dtype)  # dS^T = P^T * (dP^T - D_i) (line 14)
     # this warpgroup's half of dS^T into shared memory, for dK here and dQ in both warpgroups;
     # the slot was freed two steps ago
+    _stamp(STAMP, here, WG, _WAIT_DS_FREE, t, STAMPS, STAMP_SLOTS, 2)
     mbarrier.wait(ds_free.index(buf), ((t // 2) & 1) ^ 1)
+    _stamp(STAMP, here, WG, _STORE_DS, t, STAMPS, STAMP_SLOTS, 2)
     ds_w = ds_smem.index(buf).slice(WG * BLOCK_M, BLOCK_M, dim=0)  # dS_w^T (Br, Br)
     ds_w.store(ds_h)
     fence_async_shared()
     mbarrier.arrive(ds_ready.index(buf), count=1)
+    _stamp(STAMP, here, WG, _ISSUE_DK, t, STAMPS, STAMP_SLOTS, 2)
     dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
+    _stamp(STAMP, here, WG, _WAIT_DS_READY, t, STAMPS, STAMP_SLOTS, 2)
     mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)  # the other warpgroup's half is there
     ds = ds_smem.index(buf).permute((1, 0))  # dS_ij (Br, 2 Br)
+    _stamp(STAMP, here, WG, _ISSUE_DQ, t, STAMPS, STAMP_SLOTS, 2)
     if _adds_dq(t, WG, HEAD_D):
         if HEAD_D == 128:  # dQ_i[:, WG d/2 + [0, d/2)] = dS_ij K_j[:, WG d/2 + [0, d/2)] (line 15)
             k_cols = k_smem.slice(WG * DQ_D, DQ_D, dim=1)
@@ -194,20 +221,27 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
             k_cols = k_smem
         zero_dq = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)
         dq_tok = warpgroup_mma(ds, k_cols, zero_dq, use_acc=False, is_async=True)
+        _stamp(STAMP, here, WG, _WAIT_ALL, t, STAMPS, STAMP_SLOTS, 2)
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+        _stamp(STAMP, here, WG, _STORE_DQ, t, STAMPS, STAMP_SLOTS, 2)
         dq_smem.index(WG).store(dq)  # added to HBM during the next step's S^T (or after the loop)
     else:
+        _stamp(STAMP, here, WG, _WAIT_ALL, t, STAMPS, STAMP_SLOTS, 2)
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        _stamp(STAMP, here, WG, _STORE_DQ, t, STAMPS, STAMP_SLOTS, 2)
     mbarrier.arrive(q_empty.index(stage), count=1)  # Q_i and dO_i are no longer needed here
     mbarrier.arrive(ds_free.index(buf), count=1)  # nor this slot of dS
+    _stamp(STAMP, here, WG, _DONE, t, STAMPS, STAMP_SLOTS, 2)
     return dk, dv
 
 
 @gluon.jit
 def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, bars,
               ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
-              BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer warpgroup WG: keys j0 + WG Br + [0, Br) of the program's key block."""
+              BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
+    """Consumer warpgroup WG: keys j0 + WG Br + [0, Br) of the program's key block. STAMPS:
+    program STAMP_AT (key block + batch-head * key blocks per head) notes its phases."""
     kv_full, q_full, q_empty = bars
     # wgmma accumulators over the warpgroup's 128 threads: dK, dV (Br, d)
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -224,12 +258,13 @@ def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
     if j0 + 2 * BLOCK_M > N_K:
         n_masked = n
     smem = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem)
+    here = gl.program_id(0) + bh * gl.num_programs(0) == STAMP_AT
     dk = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_full, 0)
     for t in range(n):
         dk, dv = _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
-                       t < n_masked, CAUSAL, WG, BLOCK_M, HEAD_D, STAGES)
+                       t < n_masked, CAUSAL, WG, BLOCK_M, HEAD_D, STAGES, STAMP, here, STAMPS)
     if n > 0:  # the last step's dQ
         if _adds_dq(n - 1, WG, HEAD_D):
             DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D
@@ -247,7 +282,8 @@ def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
 @gluon.jit(do_not_specialize=["N_Q", "N_K", "N_PAD"])
 def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, DK, DV, DQ, N_Q, N_K, N_PAD,
                          qk_scale, scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                         HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+                         HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                         STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Grid (key blocks of 2 Br, B * H). Q, dO, K and V come as 2-D views (B * H * N, d) in
     blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows past a head's N belong to the next head
     (or are zero past the end) and are masked. L and D (desc_lse, desc_delta) are (B * H, N_PAD)
@@ -284,10 +320,10 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     gl.warp_specialize([
         (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
                      dq_smem, bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
-                     STAGES)),
+                     STAGES, STAMP, STAMP_AT, STAMPS)),
         (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
                      dq_smem, bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
-                     STAGES)),
+                     STAGES, STAMP, STAMP_AT, STAMPS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                      lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL, BLOCK_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -347,13 +383,17 @@ def _descriptors(q, do, k, v, lse, delta) -> tuple[TensorDescriptor, ...]:
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-             lse2: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             lse2: torch.Tensor, causal: bool, scale: float, *, stamps: torch.Tensor | None = None,
+             stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) of o = attention(q, k, v) from do, as
     :func:`flashlab.kernels.backward.backward` returns them.
 
     do, q, o (B, H, N_q, d) and k, v (B, H, N_k, d): contiguous, bf16 or fp16, d in HEAD_DIMS, on
     sm_90; lse2 (B, H, N_q) float32, the forward's log-sum-exp in log2 units (-inf for a row that
-    saw no key). Causal is aligned bottom-right. dq is summed by atomic adds: not bit-reproducible."""
+    saw no key). Causal is aligned bottom-right. dq is summed by atomic adds: not bit-reproducible.
+    ``stamps``: build with time stamps and let program ``stamp_at`` (key block + batch-head * key
+    blocks per head) write them into this int64 (query blocks + 1, len(STAMP_PHASES), 2, 2)
+    buffer: (%globaltimer ns, %clock64 cycles) where each consumer began each phase of step t."""
     from .backward import _preprocess_kernel
 
     _check(do, q, k, v, o, lse2)
@@ -371,8 +411,17 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     grid = (triton.cdiv(N_K, 2 * BLOCK_M), B * H)
+    stamping = {}
+    if stamps is not None:
+        want = (n_pad // BLOCK_M + 1, len(STAMP_PHASES), 2, 2)
+        if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
+            raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
+                             f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
+        if not 0 <= stamp_at < grid[0] * grid[1]:
+            raise ValueError(f"stamp_at must name one of the {grid[0] * grid[1]} programs; got {stamp_at}")
+        stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
     _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta), dk, dv, dq_acc, N_Q, N_K, n_pad,
-                               scale * LOG2E, scale, CAUSAL=bool(causal), **config(D),
+                               scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,
                                num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return (dq_acc * scale).to(q.dtype), dk, dv
 
@@ -385,16 +434,16 @@ def _pad_rows(delta: torch.Tensor, bh: int, n_q: int, n_pad: int) -> torch.Tenso
     return padded
 
 
-def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False):
+def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, stamps: bool = False):
     """Compile the kernel for sm_90 without a GPU, with the argument types :func:`backward`
-    launches it with; returns Triton's CompiledKernel."""
+    launches it with (``stamps``: the build with time stamps); returns Triton's CompiledKernel."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = config(d)
     g = _GL_DTYPES[dtype]
-    constexprs = dict(CAUSAL=bool(causal), **c)
+    constexprs = dict(CAUSAL=bool(causal), **c, STAMP_AT=0, STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
     signature = {"desc_q": tensor_descriptor_type(g, [BLOCK_M, d]), "desc_do": tensor_descriptor_type(g, [BLOCK_M, d]),
                  "desc_k": tensor_descriptor_type(g, [2 * BLOCK_M, d]),
                  "desc_v": tensor_descriptor_type(g, [2 * BLOCK_M, d]),
@@ -402,6 +451,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
                  "desc_delta": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
                  "DK": f"*{g}", "DV": f"*{g}", "DQ": "*fp32",
                  "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32",
-                 **{k: "constexpr" for k in constexprs}}
-    pointers = tuple(_fa3_backward_kernel.arg_names.index(n) for n in ("DK", "DV", "DQ"))
+                 **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
+    names = ("DK", "DV", "DQ") + (("STAMP",) if stamps else ())
+    pointers = tuple(_fa3_backward_kernel.arg_names.index(n) for n in names)
     return compile_for_sm90(_fa3_backward_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)

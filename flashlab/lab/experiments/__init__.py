@@ -42,6 +42,7 @@ EXPERIMENTS: dict[str, str] = {
     "fp8pipeline": "flashlab.lab.experiments.fp8:pipelines",
     "fa4": "flashlab.lab.experiments.fa4:run",
     "fa3timeline": "flashlab.lab.experiments.fa3_timeline:run",
+    "fa3bwdtimeline": "flashlab.lab.experiments.fa3_backward_timeline:run",
     "backward_check": "flashlab.lab.experiments.backward:run_check",
     "backward_configs": "flashlab.lab.experiments.backward:run_configs",
     "backward_speed": "flashlab.lab.experiments.backward:run_speed",
