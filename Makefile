@@ -40,6 +40,15 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# The Triton the lent Hopper GPUs run (3.6), installed beside the venv's: the tests that compile
+# the Gluon kernels for sm_90 on a CPU (tests/tiers.py, sm90_build_env) read the machine code the
+# GPU will run, whose register allocation can differ from the venv's Triton.
+SM90_TRITON ?= triton==3.6.0
+SM90_DIR    := $(VENV)/triton-sm90
+$(SM90_DIR)/.installed: | $(PY)
+	$(PY) -m pip install --quiet --no-deps --target $(SM90_DIR) "$(SM90_TRITON)"
+	@touch $@
+
 # Headless Chromium for the site test (Debian package); installed only if missing.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -60,7 +69,7 @@ book: $(STAMP)
 book-instructor: $(STAMP)
 	$(PY) -m flashlab.course.site build --instructor
 
-test: $(STAMP) chromium bubblewrap
+test: $(STAMP) $(SM90_DIR)/.installed chromium bubblewrap
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests
 	$(PY) -m pytest --nbval notebooks --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider

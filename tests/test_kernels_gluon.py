@@ -36,7 +36,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper", reason="this triton has no Gluon for Hopper")
 
 import triton
-from tiers import GPU, needs_gpu
+from tiers import GPU, needs_gpu, sm90_build_env
 
 from flashlab.kernels import fa3, fa3_fp8
 from flashlab.lab.experiments import fa3 as experiment
@@ -78,16 +78,14 @@ SCHEDULE_BUILDS = [("no_overlap", 128, False), ("no_warp_specialization", 128, F
 @functools.cache
 def _builds() -> dict:
     import json
-    import os
     import sys
 
     wanted = [(str(t).removeprefix("torch."), d, c, True) for t, d, c in COMBOS] + [("bfloat16", 128, False, False)]
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True, env=env,
-                         timeout=600)
+    run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True,
+                         env=sm90_build_env(), timeout=600, cwd=Path(__file__).parent.parent)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 

@@ -87,8 +87,8 @@ def flash_attention(
         False adds dQ contributions with atomic adds inside the dK/dV loop (the paper's
         single loop), whose summation order, and so whose last bits, vary between runs. On a
         Hopper GPU, for bfloat16/float16, d = 64 or 128, equal heads, no window and no varlen,
-        False runs the Gluon FlashAttention-3 backward (fa3_backward.py), the fastest here;
-        elsewhere the Triton kernel's atomic path.
+        False runs the Gluon FlashAttention-3 backward (fa3_backward.py); elsewhere the
+        Triton kernel's atomic path.
     impl : which forward kernel runs; the backward (backward.py, or fa3_backward.py as above)
         takes the forward's lse whichever kernel wrote it.
 

@@ -12,11 +12,12 @@ division of labour:
 Each consumer w keeps dK_w and dV_w (64, d) in registers for the whole loop and, per query block:
 
     S_ij^T  = K_w Q_i^T                      (64, Br)   wgmma, both operands in shared memory
-    dP_ij^T = V_w dO_i^T                     (64, Br)   wgmma, issued right behind S^T
+    dP_ij^T = V_w dO_i^T                     (64, Br)   wgmma, issued behind S^T (and the last
+                                                        step's dQ atomics, which run under S^T)
     P_ij^T  = exp2(S^T * scale log2 e - L_i) (64, Br)   recomputed from the saved lse  (line 11)
     dS_ij^T = P^T * (dP^T - D_i)             (64, Br)                                  (line 14)
-    dV_w   += P^T dO_i                       (64, d)    wgmma, P^T from registers       (line 12)
-    dK_w   += dS^T Q_i                       (64, d)    wgmma, dS^T from registers      (line 16)
+    dV_w   += P^T dO_i                       (64, d)    wgmma, P^T through shared memory (line 12)
+    dK_w   += dS^T Q_i                       (64, d)    wgmma, dS^T through shared memory (line 16)
     dQ_i   += dS_ij K_j                      (Br, d)    both halves of dS^T through shared
                                                         memory; added to an fp32 buffer (line 15)
 
@@ -67,15 +68,21 @@ STAMP_PHASES = ("wait_q", "issue_s", "add_dq", "issue_dp", "wait_s", "exp", "iss
                                                                         for p in range(len(STAMP_PHASES)))
 STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1")
+# The fp32 dQ tile (Br, 64) in shared memory: written from the wgmma accumulator, read back in rows
+# of 4-vectors (_add_dq). Swizzled in 8-element vectors, neither side has bank conflicts; unswizzled,
+# each store of the accumulator would take four shared-memory wavefronts instead of one.
+DQ_SMEM_LAYOUT = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 # L_i and D_i arrive by TMA as rows of Br floats, unswizzled
 ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 PRODUCER_REGS = gl.constexpr(24)
 
 
 def config(d: int) -> dict:
-    """Ring depth for head dimension ``d``. Shared memory per CTA, 2-byte elements: K_j and V_j
-    2 * 2 Br d, the ring STAGES * 2 Br d (Q_i, dO_i), dS^T 2 * 2 Br Br; d = 128 with 2 stages is
-    160 KB of the 227 KB a CTA may use, d = 64 with 3 stages 104 KB."""
+    """Ring depth for head dimension ``d``. Shared memory per CTA: K_j and V_j 2 * 2 Br d and the
+    ring STAGES * 2 Br d (Q_i, dO_i) in 2-byte elements, L_i and D_i STAGES * 2 Br floats, each
+    consumer's P^T Br Br (2 bytes) and dQ tile Br 64 (4 bytes), and two slots of dS^T 2 Br Br
+    (2 bytes); d = 128 with 2 stages is 209 KB of the 227 KB a CTA may use, d = 64 with 3 stages
+    162 KB."""
     return {"BLOCK_M": BLOCK_M, "HEAD_D": d, "STAGES": 2 if d == 128 else 3}
 
 
@@ -302,7 +309,7 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_M], p_layout)  # each consumer's P^T
     DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_D],  # each consumer's dQ tile
-                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+                                        DQ_SMEM_LAYOUT)
     kv_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -331,7 +338,7 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
 
 def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
            lse2: torch.Tensor) -> None:
-    for name, t in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o)):
+    for name, t in (("q", q), ("do", do), ("k", k), ("v", v), ("o", o)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got {got}")
@@ -346,6 +353,8 @@ def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.shape[3] not in HEAD_DIMS:
         raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
     if lse2.shape != q.shape[:3] or lse2.dtype != torch.float32:
         raise ValueError(f"lse2 must be a float32 tensor of shape {tuple(q.shape[:3])}; "
                          f"got {lse2.dtype} {tuple(lse2.shape)}")
@@ -392,28 +401,28 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     sm_90; lse2 (B, H, N_q) float32, the forward's log-sum-exp in log2 units (-inf for a row that
     saw no key). Causal is aligned bottom-right. dq is summed by atomic adds: not bit-reproducible.
     ``stamps``: build with time stamps and let program ``stamp_at`` (key block + batch-head * key
-    blocks per head) write them into this int64 (query blocks + 1, len(STAMP_PHASES), 2, 2)
-    buffer: (%globaltimer ns, %clock64 cycles) where each consumer began each phase of step t."""
+    blocks per head) write them into this int64 (query blocks, len(STAMP_PHASES), 2, 2) buffer:
+    (%globaltimer ns, %clock64 cycles) where each consumer began each phase of step t."""
     from .backward import _preprocess_kernel
 
     _check(do, q, k, v, o, lse2)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
     n_pad = triton.cdiv(N_Q, BLOCK_M) * BLOCK_M
-    delta = torch.zeros((B * H, n_pad), device=q.device, dtype=torch.float32)
+    delta = torch.empty((B * H, N_Q), device=q.device, dtype=torch.float32)
     _preprocess_kernel[(triton.cdiv(N_Q, 64), B * H)](  # D_i = rowsum(dO_i * O_i)
         o, do, delta, o.stride(), do.stride(), H, N_Q, D_HEAD=D, BLOCK_D=D, BLOCK_M=64)
-    # L_i of a padded row, or of a row that saw no key, is +inf: exp2(S - L) = 0 on all its keys
-    lse = torch.full((B * H, n_pad), float("inf"), device=q.device, dtype=torch.float32)
-    lse[:, :N_Q] = torch.where(lse2 == float("-inf"), float("inf"), lse2).view(B * H, N_Q)
-    delta = delta.view(B * H, n_pad) if n_pad == N_Q else _pad_rows(delta, B * H, N_Q, n_pad)
+    # padded rows: D = 0 and L = +inf, as is L of a row that saw no key, so exp2(S - L) = 0 there
+    delta = torch.nn.functional.pad(delta, (0, n_pad - N_Q))
+    lse = torch.nn.functional.pad(torch.where(lse2 == float("-inf"), float("inf"), lse2).view(B * H, N_Q),
+                                  (0, n_pad - N_Q), value=float("inf"))
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     grid = (triton.cdiv(N_K, 2 * BLOCK_M), B * H)
     stamping = {}
     if stamps is not None:
-        want = (n_pad // BLOCK_M + 1, len(STAMP_PHASES), 2, 2)
+        want = (n_pad // BLOCK_M, len(STAMP_PHASES), 2, 2)
         if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
             raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
@@ -424,14 +433,6 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,
                                num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return (dq_acc * scale).to(q.dtype), dk, dv
-
-
-def _pad_rows(delta: torch.Tensor, bh: int, n_q: int, n_pad: int) -> torch.Tensor:
-    """The preprocess kernel wrote D as (B * H, N_q) rows packed one after another; spread them
-    into (B * H, n_pad) rows, the padding zero."""
-    padded = torch.zeros((bh, n_pad), device=delta.device, dtype=delta.dtype)
-    padded[:, :n_q] = delta.view(-1)[: bh * n_q].view(bh, n_q)
-    return padded
 
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, stamps: bool = False):

@@ -139,6 +139,11 @@ def hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return fa3_backward.supported(q, k, v)
 
 
+def _like(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (contiguous, t's shape) in the memory layout torch.empty_like(t) has."""
+    return value if value.stride() == torch.empty_like(t).stride() else torch.empty_like(t).copy_(value)
+
+
 def _fa3_backward(*args):
     from .fa3_backward import backward
 
@@ -155,8 +160,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     ``deterministic=False`` where it runs (:func:`hopper_backward`), the Gluon FA3 backward."""
     window_ = None if window is None else (window[0], window[1])
     if not deterministic and window is None and cu_seqlens_q is None and hopper_backward(q, k, v):
-        do, q, k, v, o = (t.contiguous() for t in (do, q, k, v, o))
-        return _fa3_backward(do, q, k, v, o, lse2, causal, scale)
+        dq, dk, dv = _fa3_backward(*(t.contiguous() for t in (do, q, k, v, o)), lse2, causal, scale)
+        # dk and dv in the layout the fake implementation promises (empty_like of k, v made unit-stride)
+        return dq, _like(unit_last_stride(k), dk), _like(unit_last_stride(v), dv)
     do, q, k, v, o = (unit_last_stride(t) for t in (do, q, k, v, o))
     cu = None
     if cu_seqlens_q is not None:  # checked by the forward

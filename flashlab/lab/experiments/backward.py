@@ -1,6 +1,6 @@
-"""The backward pass against cuDNN: flashlab's teaching backward (deterministic and atomic dQ),
-the Gluon FlashAttention-3 backward (:mod:`flashlab.kernels.fa3_backward`) and the one-pass
-Triton variant with TMA loads and a TMA reduce-add of dQ
+"""The backward pass against cuDNN: flashlab's teaching backward (two kernels, deterministic),
+the Gluon FlashAttention-3 backward (:mod:`flashlab.kernels.fa3_backward`), and, for the check
+where heads are grouped, the one-pass Triton variant with TMA loads and a TMA reduce-add of dQ
 (:mod:`flashlab.lab.variants.backward_one_pass`), in one process.
 
     python -m flashlab.lab.experiments backward_check backward_configs backward_speed --out results
@@ -84,14 +84,14 @@ def check() -> list[dict[str, object]]:
             k, v = (torch.randn(Z, H_KV, N_K, d, device="cuda", generator=g).to(dtype) for _ in range(2))
             do = torch.randn(Z, H, N_Q, d, device="cuda", generator=g).to(dtype)
             scale = d**-0.5
-            name = "gluon" if H == H_KV else "one_pass"
-            backward = _backward(name)
+            bwd_name = "gluon" if H == H_KV else "one_pass"
+            backward = _backward(bwd_name)
             o, lse2 = forward(q, k, v, causal, scale)
             got = backward(do, q, k, v, o, lse2, causal, scale)
             again = backward(do, q, k, v, o, lse2, causal, scale)
             ref = _torch_reference(q, k, v, do, causal, torch.float32)
             low = _torch_reference(q, k, v, do, causal, dtype)
-            row = {"backward": name, "dtype": str(dtype).replace("torch.", ""), "Z": Z, "H": H, "H_kv": H_KV, "N_q": N_Q, "N_k": N_K,
+            row = {"backward": bwd_name, "dtype": str(dtype).replace("torch.", ""), "Z": Z, "H": H, "H_kv": H_KV, "N_q": N_Q, "N_k": N_K,
                    "d": d, "causal": causal}
             ok = True
             for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):

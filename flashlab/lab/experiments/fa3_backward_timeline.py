@@ -39,7 +39,7 @@ COLUMNS = ("partition", "step", "phase", "start_us", "end_us")
 
 def stamped_backward(do, q, k, v, o, lse2, causal: bool, at: tuple[int, int]):
     """:func:`flashlab.kernels.fa3_backward.backward` built with time stamps, program ``at`` =
-    (key block, batch-head) stamping. Returns (dq, dk, dv, stamps): int64 (query blocks + 1,
+    (key block, batch-head) stamping. Returns (dq, dk, dv, stamps): int64 (query blocks,
     len(STAMP_PHASES), 2 consumers, 2) of (%globaltimer ns, %clock64 cycles), 0 where none."""
     n_key_blocks = triton.cdiv(k.shape[2], 2 * fa3_backward.BLOCK_M)
     block, bh = at
@@ -47,7 +47,7 @@ def stamped_backward(do, q, k, v, o, lse2, causal: bool, at: tuple[int, int]):
         raise ValueError(f"at must name a program (key block, batch-head) of ({n_key_blocks}, "
                          f"{q.shape[0] * q.shape[1]}); got {at}")
     steps = triton.cdiv(q.shape[2], fa3_backward.BLOCK_M)
-    stamps = torch.zeros((steps + 1, len(fa3_backward.STAMP_PHASES), 2, 2), device=q.device, dtype=torch.int64)
+    stamps = torch.zeros((steps, len(fa3_backward.STAMP_PHASES), 2, 2), device=q.device, dtype=torch.int64)
     dq, dk, dv = fa3_backward.backward(do, q, k, v, o, lse2, causal, q.shape[-1] ** -0.5, stamps=stamps,
                                        stamp_at=block + bh * n_key_blocks)
     return dq, dk, dv, stamps
