@@ -45,8 +45,8 @@ from ._common import LN2, LOG2E, check_scale
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
-__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "compile_for_sm90", "compile_sm90", "config", "fa3_forward", "forward",
-           "supported", "tensor_descriptor_type"]
+__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "check_shapes", "compile_for_sm90", "compile_sm90", "config",
+           "fa3_forward", "forward", "supported", "tensor_descriptor_type"]
 
 GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -489,6 +489,18 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q (B, H, N_q, d), k and v (B, H, N_k, d) as the Gluon kernels take them: the same B, H and
+    d, d in HEAD_DIMS, N_q and N_k positive; ValueError naming the argument otherwise."""
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> float:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -500,13 +512,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | Non
             raise ValueError(f"{name} must be contiguous (B, H, N, d); got strides {t.stride()}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
+    check_shapes(q, k, v)
     if not (q.is_cuda and k.device == q.device == v.device):
         raise ValueError(f"q, k, v must be on one CUDA device; got {q.device}, {k.device}, {v.device}")
     if torch.cuda.get_device_capability(q.device)[0] != 9:

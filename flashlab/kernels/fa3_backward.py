@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
-from .fa3 import _GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, compile_for_sm90, tensor_descriptor_type
+from .fa3 import _GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, check_shapes, compile_for_sm90, tensor_descriptor_type
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -348,13 +348,7 @@ def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             raise ValueError(f"{name} must be contiguous (B, H, N, d); got strides {t.stride()}")
     if do.shape != q.shape or o.shape != q.shape:
         raise ValueError(f"do and o must have q's shape {tuple(q.shape)}; got {tuple(do.shape)}, {tuple(o.shape)}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
+    check_shapes(q, k, v)
     if lse2.shape != q.shape[:3] or lse2.dtype != torch.float32:
         raise ValueError(f"lse2 must be a float32 tensor of shape {tuple(q.shape[:3])}; "
                          f"got {lse2.dtype} {tuple(lse2.shape)}")

@@ -208,13 +208,7 @@ def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got {got}")
         if t.dtype != FP8_DTYPE:
             raise TypeError(f"{name} must be float8_e4m3fn (see flashlab.kernels.fp8.quantize_qkv); got {t.dtype}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
+    fa3.check_shapes(q, k, v)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16; got {out_dtype}")
     for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, fa3.BLOCK_N)):
