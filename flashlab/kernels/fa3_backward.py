@@ -121,6 +121,14 @@ def _producer(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_s
 
 
 @gluon.jit
+def _note(STAMP, here, t, WG: gl.constexpr, PHASE: gl.constexpr, STAMPS: gl.constexpr):
+    """STAMPS: consumer WG begins phase PHASE (:data:`STAMP_PHASES`) of step t now (in the
+    program where ``here`` holds); the forward's :func:`~flashlab.kernels.fa3._stamp` with this
+    kernel's slots."""
+    _stamp(STAMP, here, WG, PHASE, t, STAMPS, STAMP_SLOTS, 2)
+
+
+@gluon.jit
 def _adds_dq(t, WG: gl.constexpr, HEAD_D: gl.constexpr):
     """Whether consumer WG computes and adds a part of dQ_i on step t: at d = 128 both do (64
     columns each), at d = 64 they take the steps in turn."""
@@ -171,21 +179,21 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
     v_w = v_smem.slice(WG * BLOCK_M, BLOCK_M, dim=0)  # V_w (Br, d)
     q = q_smem.index(stage)  # Q_i (Br, d)
     do = do_smem.index(stage)  # dO_i (Br, d)
-    _stamp(STAMP, here, WG, _WAIT_Q, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _WAIT_Q, STAMPS)
     mbarrier.wait(q_full.index(stage), (t // STAGES) & 1)
-    _stamp(STAMP, here, WG, _ISSUE_S, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _ISSUE_S, STAMPS)
     zero_st = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, st_layout)
     st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
-    _stamp(STAMP, here, WG, _ADD_DQ, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _ADD_DQ, STAMPS)
     if t > 0:  # the last step's dQ leaves while the tensor cores compute S^T
         if _adds_dq(t - 1, WG, HEAD_D):
             _add_dq(DQ, dq_smem.index(WG), bh, i0 - BLOCK_M, WG * DQ_D if HEAD_D == 128 else 0, N_Q,
                     BLOCK_M, HEAD_D)
-    _stamp(STAMP, here, WG, _ISSUE_DP, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _ISSUE_DP, STAMPS)
     dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
-    _stamp(STAMP, here, WG, _WAIT_S, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _WAIT_S, STAMPS)
     s_t = warpgroup_mma_wait(1, deps=(st_tok,))  # S^T is done; dP^T may still run
-    _stamp(STAMP, here, WG, _EXP, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _EXP, STAMPS)
     # L_i of a padded row (and of a row that saw no key) is +inf: its P is 0
     lse = lse_smem.index(stage).reshape([BLOCK_M]).load(query_of)
     p_t = gl.exp2(s_t * qk_scale - lse[None, :])  # P^T = exp2(S^T - L_i) (line 11)
@@ -196,31 +204,31 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
             queries = i0 + gl.arange(0, BLOCK_M, layout=query_of)
             visible = visible & (keys[:, None] <= queries[None, :] + (N_K - N_Q))
         p_t = gl.where(visible, p_t, 0.0)
-    _stamp(STAMP, here, WG, _ISSUE_DV, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _ISSUE_DV, STAMPS)
     p_w = p_smem.index(WG)
     p_w.store(p_t.to(dtype))
     fence_async_shared()
     dv_tok = warpgroup_mma(p_w, do, dv, is_async=True)  # dV_w += P^T dO_i (line 12)
-    _stamp(STAMP, here, WG, _WAIT_DP, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _WAIT_DP, STAMPS)
     dp_t = warpgroup_mma_wait(1, deps=(dpt_tok,))  # dP^T is done; dV may still run
-    _stamp(STAMP, here, WG, _DS, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _DS, STAMPS)
     delta = delta_smem.index(stage).reshape([BLOCK_M]).load(query_of)
     ds_h = (p_t * (dp_t - delta[None, :])).to(dtype)  # dS^T = P^T * (dP^T - D_i) (line 14)
     # this warpgroup's half of dS^T into shared memory, for dK here and dQ in both warpgroups;
     # the slot was freed two steps ago
-    _stamp(STAMP, here, WG, _WAIT_DS_FREE, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _WAIT_DS_FREE, STAMPS)
     mbarrier.wait(ds_free.index(buf), ((t // 2) & 1) ^ 1)
-    _stamp(STAMP, here, WG, _STORE_DS, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _STORE_DS, STAMPS)
     ds_w = ds_smem.index(buf).slice(WG * BLOCK_M, BLOCK_M, dim=0)  # dS_w^T (Br, Br)
     ds_w.store(ds_h)
     fence_async_shared()
     mbarrier.arrive(ds_ready.index(buf), count=1)
-    _stamp(STAMP, here, WG, _ISSUE_DK, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _ISSUE_DK, STAMPS)
     dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
-    _stamp(STAMP, here, WG, _WAIT_DS_READY, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _WAIT_DS_READY, STAMPS)
     mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)  # the other warpgroup's half is there
     ds = ds_smem.index(buf).permute((1, 0))  # dS_ij (Br, 2 Br)
-    _stamp(STAMP, here, WG, _ISSUE_DQ, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _ISSUE_DQ, STAMPS)
     if _adds_dq(t, WG, HEAD_D):
         if HEAD_D == 128:  # dQ_i[:, WG d/2 + [0, d/2)] = dS_ij K_j[:, WG d/2 + [0, d/2)] (line 15)
             k_cols = k_smem.slice(WG * DQ_D, DQ_D, dim=1)
@@ -228,17 +236,17 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
             k_cols = k_smem
         zero_dq = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)
         dq_tok = warpgroup_mma(ds, k_cols, zero_dq, use_acc=False, is_async=True)
-        _stamp(STAMP, here, WG, _WAIT_ALL, t, STAMPS, STAMP_SLOTS, 2)
+        _note(STAMP, here, t, WG, _WAIT_ALL, STAMPS)
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-        _stamp(STAMP, here, WG, _STORE_DQ, t, STAMPS, STAMP_SLOTS, 2)
+        _note(STAMP, here, t, WG, _STORE_DQ, STAMPS)
         dq_smem.index(WG).store(dq)  # added to HBM during the next step's S^T (or after the loop)
     else:
-        _stamp(STAMP, here, WG, _WAIT_ALL, t, STAMPS, STAMP_SLOTS, 2)
+        _note(STAMP, here, t, WG, _WAIT_ALL, STAMPS)
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        _stamp(STAMP, here, WG, _STORE_DQ, t, STAMPS, STAMP_SLOTS, 2)
+        _note(STAMP, here, t, WG, _STORE_DQ, STAMPS)
     mbarrier.arrive(q_empty.index(stage), count=1)  # Q_i and dO_i are no longer needed here
     mbarrier.arrive(ds_free.index(buf), count=1)  # nor this slot of dS
-    _stamp(STAMP, here, WG, _DONE, t, STAMPS, STAMP_SLOTS, 2)
+    _note(STAMP, here, t, WG, _DONE, STAMPS)
     return dk, dv
 
 
