@@ -56,6 +56,7 @@ BLOCK_M = 64  # Br: query rows per block; also the keys each consumer warpgroup 
 NUM_WARPS = 4  # the default partition: consumer 0
 MAXNREG = 168  # as in the forward (flashlab.kernels.fa3): consumers 240 registers, producer 24
 CONSUMER_REGS = gl.constexpr(240)
+PRODUCER_REGS = gl.constexpr(24)
 # Time stamps (STAMPS=True; flashlab.lab.experiments.fa3_backward_timeline): each consumer notes
 # when it begins each phase of step t, in this order: wait for Q_i and dO_i, issue S^T, add the
 # last step's dQ, issue dP^T, wait for S^T, P^T = exp2(...), P^T to shared memory and issue dV,
@@ -74,7 +75,6 @@ STAMP_PARTS = ("consumer 0", "consumer 1")
 DQ_SMEM_LAYOUT = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 # L_i and D_i arrive by TMA as rows of Br floats, unswizzled
 ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-PRODUCER_REGS = gl.constexpr(24)
 
 
 def config(d: int) -> dict:
