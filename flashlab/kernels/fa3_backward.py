@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
+from .backward import _preprocess_kernel
 from .fa3 import _GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, check_shapes, compile_for_sm90, tensor_descriptor_type
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -139,22 +140,27 @@ def _adds_dq(t, WG: gl.constexpr, HEAD_D: gl.constexpr):
 
 
 @gluon.jit
-def _add_dq(DQ, dq_smem, bh, i0, col0, N_Q, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
-    """dQ[i0 + r, col0 + c] += dq[r, c] in HBM by atomic adds, for the rows below N_q, where the
-    tile dq (Br, w) waits in shared memory (``dq_smem``, this warpgroup's). It is added ROWS rows
-    at a time, so that only a few addresses are live beside dK and dV: (Br, w) addresses straight
-    from the wgmma layout would cost 2 registers each."""
+def _add_dq(DQ, dq_smem, t, lo, bh, N_Q, WG: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
+    """The dQ tile consumer WG computed on step t, waiting in shared memory (``dq_smem``, this
+    warpgroup's (Br, w)), added to HBM by atomic adds: dQ[i0 + r, col0 + c] += dq[r, c] for the
+    rows below N_q, i0 = (lo + t) Br, col0 = WG w at d = 128 and 0 at d = 64; nothing on a step
+    this warpgroup left to the other (:func:`_adds_dq`). ROWS rows at a time, so that only a few
+    addresses are live beside dK and dV: (Br, w) addresses straight from the wgmma layout would
+    cost 2 registers each."""
     ROWS: gl.constexpr = 8
     W: gl.constexpr = dq_smem.shape[1]
-    chunk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // W, W // 4],
-                                           warps_per_cta=[4, 1], order=[1, 0])
-    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, chunk))
-    c = col0 + gl.arange(0, W, layout=gl.SliceLayout(0, chunk))
-    for r0 in gl.static_range(0, BLOCK_M, ROWS):
-        rows = i0 + r0 + r
-        part = dq_smem.slice(r0, ROWS, dim=0).load(chunk)
-        gl.atomic_add(DQ + (bh * N_Q + rows[:, None]).to(gl.int64) * HEAD_D + c[None, :], part,
-                      mask=(rows < N_Q)[:, None], sem="relaxed")
+    if _adds_dq(t, WG, HEAD_D):
+        i0 = (lo + t) * BLOCK_M
+        col0 = WG * W if HEAD_D == 128 else 0
+        chunk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // W, W // 4],
+                                               warps_per_cta=[4, 1], order=[1, 0])
+        r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, chunk))
+        c = col0 + gl.arange(0, W, layout=gl.SliceLayout(0, chunk))
+        for r0 in gl.static_range(0, BLOCK_M, ROWS):
+            rows = i0 + r0 + r
+            part = dq_smem.slice(r0, ROWS, dim=0).load(chunk)
+            gl.atomic_add(DQ + (bh * N_Q + rows[:, None]).to(gl.int64) * HEAD_D + c[None, :], part,
+                          mask=(rows < N_Q)[:, None], sem="relaxed")
 
 
 @gluon.jit
@@ -186,9 +192,7 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
     st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
     _note(STAMP, here, t, WG, _ADD_DQ, STAMPS)
     if t > 0:  # the last step's dQ leaves while the tensor cores compute S^T
-        if _adds_dq(t - 1, WG, HEAD_D):
-            _add_dq(DQ, dq_smem.index(WG), bh, i0 - BLOCK_M, WG * DQ_D if HEAD_D == 128 else 0, N_Q,
-                    BLOCK_M, HEAD_D)
+        _add_dq(DQ, dq_smem.index(WG), t - 1, lo, bh, N_Q, WG, BLOCK_M, HEAD_D)
     _note(STAMP, here, t, WG, _ISSUE_DP, STAMPS)
     dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
     _note(STAMP, here, t, WG, _WAIT_S, STAMPS)
@@ -252,7 +256,7 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
 
 @gluon.jit
 def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, bars,
-              ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
+              ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Consumer warpgroup WG: keys j0 + WG Br + [0, Br) of the program's key block. STAMPS:
@@ -281,10 +285,7 @@ def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
         dk, dv = _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
                        t < n_masked, CAUSAL, WG, BLOCK_M, HEAD_D, STAGES, STAMP, here, STAMPS)
     if n > 0:  # the last step's dQ
-        if _adds_dq(n - 1, WG, HEAD_D):
-            DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D
-            _add_dq(DQ, dq_smem.index(WG), bh, (lo + n - 1) * BLOCK_M, WG * DQ_D if HEAD_D == 128 else 0,
-                    N_Q, BLOCK_M, HEAD_D)
+        _add_dq(DQ, dq_smem.index(WG), n - 1, lo, bh, N_Q, WG, BLOCK_M, HEAD_D)
 
     # "write dK_j, dV_j to HBM": rows past N_k belong to the next head and are left alone
     krows = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
@@ -334,10 +335,10 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     ds_bars = (ds_ready, ds_free)
     gl.warp_specialize([
         (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
-                     dq_smem, bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
+                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
-                     dq_smem, bars, ds_bars, N_Q, N_K, N_PAD, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
+                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
                      lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL, BLOCK_M, STAGES)),
@@ -405,8 +406,6 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ``stamps``: build with time stamps and let program ``stamp_at`` (key block + batch-head * key
     blocks per head) write them into this int64 (query blocks, len(STAMP_PHASES), 2, 2) buffer:
     (%globaltimer ns, %clock64 cycles) where each consumer began each phase of step t."""
-    from .backward import _preprocess_kernel
-
     _check(do, q, k, v, o, lse2)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
