@@ -1,6 +1,12 @@
-"""Small Gluon kernels that test a layout choice at compile time (sm_90, no GPU needed): each
-fails to compile, with a message, when the choice no longer holds."""
+"""What the Gluon kernel tests share: small Gluon kernels that test a layout choice at compile
+time (sm_90, no GPU needed; each fails to compile, with a message, when the choice no longer
+holds), and ``cuobjdump`` to read the machine code of a build."""
 
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -26,3 +32,15 @@ def dq_tile_probe(layout=fa3_backward.DQ_SMEM_LAYOUT) -> None:
     """Compile :func:`_dq_tile_probe` for the kernel's dQ tile (64 columns at d = 64 and 128)."""
     compile_for_sm90(_dq_tile_probe, {"X": "*fp32", "L": "constexpr", "W": "constexpr"}, {"L": layout, "W": 64},
                      (0,), 4, None)
+
+
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """``cuobjdump FLAG`` (``-sass``, ``-res-usage``) of the cubin, with the cuobjdump that ships
+    with Triton; empty where it is missing."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout

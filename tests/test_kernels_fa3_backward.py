@@ -20,7 +20,6 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper", reason="
 
 import triton  # noqa: E402
 
+from gluon_probes import cuobjdump  # noqa: E402
 from tiers import SM90_TRITON_VERSION, needs_gpu, sm90_build_env  # noqa: E402
 
 VERIFIED_TRITON = ("3.6.", "3.9.")
@@ -80,13 +80,10 @@ def _compiled(d: int, causal: bool, stamps: bool = False) -> dict:
 
 
 def _sass(cubin: bytes) -> str:
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
+    sass = cuobjdump(cubin, "-sass")
+    if not sass:
         pytest.skip("no cuobjdump beside this triton")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return sass
 
 
 def query_block_loops(sass: str) -> list[list[str]]:

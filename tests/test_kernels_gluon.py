@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper", reason="this triton has no Gluon for Hopper")
 
 import triton
+from gluon_probes import cuobjdump
 from tiers import GPU, needs_gpu, sm90_build_env
 
 from flashlab.kernels import fa3, fa3_fp8
@@ -103,26 +103,14 @@ def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool | str = T
     return SimpleNamespace(asm=asm, metadata=SimpleNamespace(num_warps=build["num_warps"], shared=build["shared"]))
 
 
-def _cuobjdump(cubin: bytes, flag: str) -> str:
-    """``cuobjdump FLAG`` of the cubin, with the cuobjdump that ships with Triton; empty where it
-    is missing."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        return ""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
-
-
 def _resource_usage(cubin: bytes) -> str:
     """``cuobjdump -res-usage`` of the cubin (REG, STACK, LOCAL, SHARED); empty without cuobjdump."""
-    return _cuobjdump(cubin, "-res-usage")
+    return cuobjdump(cubin, "-res-usage")
 
 
 def _sass(cubin: bytes) -> str:
     """``cuobjdump -sass`` of the cubin; empty without cuobjdump."""
-    return _cuobjdump(cubin, "-sass")
+    return cuobjdump(cubin, "-sass")
 
 
 def key_block_loops(sass: str) -> list[list[str]]:
