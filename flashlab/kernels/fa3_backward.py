@@ -39,7 +39,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -47,9 +46,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
 from .backward import _preprocess_kernel
-from .fa3 import _GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, check_shapes, compile_for_sm90, tensor_descriptor_type
-
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_load, check_shapes, compile_for_sm90,
+                  tensor_descriptor_type)
 
 __all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "supported"]
 
