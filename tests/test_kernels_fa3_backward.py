@@ -298,7 +298,7 @@ def test_time_stamps_change_nothing_and_cover_every_phase():
     _, dk_plain, dv_plain = fa3_backward.backward(do, q, k, v, o, lse2, False, 128**-0.5)
     assert torch.equal(dk, dk_plain) and torch.equal(dv, dv_plain)
     rows = tl.phases(stamps)
-    assert {r["step"] for r in rows} == set(range(1024 // 64))
+    assert {r["block"] for r in rows} == set(range(1024 // 64))
     assert all(r["end_us"] >= r["start_us"] for r in rows)
 
 

@@ -12,7 +12,9 @@ as in :mod:`flashlab.lab.experiments.fa3_timeline`.
 
 Shape: bf16, d = 128, N = 16384, non-causal, B = 1, H = 16 (the bench's shape); the stamped
 program is key block 64 of head 8, in the middle of the run with the GPU full around it. Writes
-``fa3_backward_timeline_<gpu>.csv`` (partition, step, phase, start_us, end_us) and ``.json``
+``fa3_backward_timeline_<gpu>.csv`` (partition, block: the step's query block t, phase, start_us,
+end_us; the forward's columns, so :func:`~flashlab.lab.experiments.fa3_timeline.phase_means`
+serves both) and ``.json``
 (provenance, the clock rate, the stamped and unstamped backward's median time, whether dK and dV
 are bit-identical to the unstamped kernel's, the mean step, each phase's mean duration, and the
 tensor cores' share of a step: the step's products at the matmul rate measured in the same run).
@@ -28,13 +30,13 @@ import torch
 import triton
 
 from flashlab.kernels import fa3_backward
-from flashlab.lab.experiments.fa3_timeline import _ns_per_cycle
+from flashlab.lab.experiments.fa3_timeline import _ns_per_cycle, phase_means
 from flashlab.lab.measure import gpu_tag, provenance, time_ms
 
 __all__ = ["COLUMNS", "phase_means", "phases", "run", "stamped_backward", "step_period", "step_products_us"]
 
 D, N, B, H = 128, 16384, 1, 16
-COLUMNS = ("partition", "step", "phase", "start_us", "end_us")
+COLUMNS = ("partition", "block", "phase", "start_us", "end_us")  # block: step t, query block lo + t
 
 
 def stamped_backward(do, q, k, v, o, lse2, causal: bool, at: tuple[int, int]):
@@ -73,22 +75,9 @@ def phases(stamps: torch.Tensor | np.ndarray, ns_per_cycle: float | None = None)
             raise ValueError(f"{name}: the stamps must hold every phase of every step; missing {missing[:4]}")
         us = [(c - c0) * rate / 1e3 for c in cycles]
         for (t, p), start, end in zip(order, us, us[1:]):
-            rows.append({"partition": name, "step": t, "phase": fa3_backward.STAMP_PHASES[p],
+            rows.append({"partition": name, "block": t, "phase": fa3_backward.STAMP_PHASES[p],
                          "start_us": round(float(start), 4), "end_us": round(float(end), 4)})
     return rows
-
-
-def phase_means(rows: list[dict[str, object]], skip: int = 2) -> dict[tuple[str, str], float]:
-    """Mean duration in microseconds of each (partition, phase) over the steady steps (the first
-    and last ``skip`` left out)."""
-    last = max(int(r["step"]) for r in rows)
-    spans: dict[tuple[str, str], list[float]] = {}
-    for r in rows:
-        if skip <= int(r["step"]) <= last - skip:
-            spans.setdefault((r["partition"], r["phase"]), []).append(r["end_us"] - r["start_us"])
-    if not spans:
-        raise ValueError(f"rows must hold more than {2 * skip} steps; got {last + 1}")
-    return {key: float(np.mean(v)) for key, v in spans.items()}
 
 
 def step_period(rows: list[dict[str, object]], skip: int = 2) -> float:
