@@ -15,8 +15,8 @@ Writes three records:
 - ``backward_speed_<gpu>``: forward + backward at the papers' shape (B x N = 16k tokens,
   H x d = 2048), d = 64 and 128, causal and not, N = 4k and 16k, and one 128k-token causal
   sequence (16 heads, d = 128): SDPA cuDNN, flashlab's teaching path (Triton forward and
-  deterministic backward) and the Gluon path (FA3 forward and backward). Times are medians of do_bench; the backward alone
-  is timed too. Also the bf16 matmul ceiling, measured here.
+  deterministic backward) and the Gluon path (FA3 forward and backward). Times are medians of
+  do_bench; the backward alone is timed too. Also the bf16 matmul ceiling, measured here.
 - ``backward_configs_<gpu>``: the one-pass backward's time for each autotuning candidate at
   N = 16k, so the choice the autotuner makes can be read.
 """
@@ -91,8 +91,8 @@ def check() -> list[dict[str, object]]:
             again = backward(do, q, k, v, o, lse2, causal, scale)
             ref = _torch_reference(q, k, v, do, causal, torch.float32)
             low = _torch_reference(q, k, v, do, causal, dtype)
-            row = {"backward": bwd_name, "dtype": str(dtype).replace("torch.", ""), "Z": Z, "H": H, "H_kv": H_KV, "N_q": N_Q, "N_k": N_K,
-                   "d": d, "causal": causal}
+            row = {"backward": bwd_name, "dtype": str(dtype).replace("torch.", ""), "Z": Z, "H": H, "H_kv": H_KV,
+                   "N_q": N_Q, "N_k": N_K, "d": d, "causal": causal}
             ok = True
             for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
                 err = (a.float() - r).abs().max().item()
@@ -228,11 +228,12 @@ def _compile_one_pass(d: int, causal: bool, config: tuple) -> None:
     kh.backward(do, q, k, v, o, lse2, causal, d**-0.5, config)
 
 
-def _precompile(triton_backward: bool = False) -> None:
+def _precompile_one_pass() -> None:
+    """The Triton forward's candidates and every one-pass configuration (backward_configs times them all)."""
     from flashlab.lab.bench import precompile_kernels
     from flashlab.lab.variants import backward_one_pass as kh
 
-    precompile_kernels((64, 128), passes=("fwd", "fwdbwd") if triton_backward else ("fwd",))
+    precompile_kernels((64, 128), passes=("fwd",))
     precompile([("flashlab.lab.experiments.backward:_compile_one_pass", (d, c, cfg))
                 for d in (64, 128) for c in (False, True) for cfg in kh.CANDIDATES])
 
@@ -245,7 +246,7 @@ def run_check(out: Path) -> list[Path]:
 
 
 def run_configs(out: Path) -> list[Path]:
-    _precompile()
+    _precompile_one_pass()
     return record("backward_configs", configs(), out)
 
 
