@@ -140,8 +140,9 @@ def hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _like(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``value`` (contiguous, t's shape) in the memory layout torch.empty_like(t) has."""
-    return value if value.stride() == torch.empty_like(t).stride() else torch.empty_like(t).copy_(value)
+    """``value`` (contiguous, t's shape) in the memory layout torch.empty_like(t) has: as it is
+    where t is contiguous, else copied into that layout."""
+    return value if t.is_contiguous() else torch.empty_like(t).copy_(value)
 
 
 def _fa3_backward(*args):
