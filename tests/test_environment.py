@@ -47,7 +47,7 @@ def _third_party_imports() -> set[str]:
     import sys
 
     found: set[str] = set()
-    local = {"flashlab", "tiers", "strategies", "test_kernels", "conftest"}
+    local = {"flashlab", *(p.stem for p in (ROOT / "tests").glob("*.py"))}  # the package and the tests' own modules
     for path in [*(ROOT / "flashlab").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
