@@ -30,7 +30,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper", reason="
 import triton  # noqa: E402
 
 from gluon_probes import cuobjdump  # noqa: E402
-from tiers import SM90_TRITON_VERSION, needs_gpu, sm90_build_env  # noqa: E402
+from tiers import DEVICE, SM90_TRITON_VERSION, needs_gpu, runs_somewhere, sm90_build_env  # noqa: E402
 
 VERIFIED_TRITON = ("3.6.", "3.9.")
 BUILDS = [(d, causal) for d in (64, 128) for causal in (False, True)]
@@ -43,7 +43,7 @@ from flashlab.kernels import fa3_backward
 import gluon_probes
 from triton.experimental.gluon import language as gl
 out = {"triton": triton.__version__}
-for name, layout in (("dq_tile", fa3_backward.DQ_SMEM_LAYOUT), ("dq_tile_unswizzled", gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))):
+for name, layout in (("dq_tile", fa3_backward.DQ_SMEM_LAYOUT), ("dq_tile_unswizzled", gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3))):
     try:
         gluon_probes.dq_tile_probe(layout)
         out[name] = {"ok": True}
@@ -114,7 +114,9 @@ def test_compiled_code_has_fa3_backward_structure(d, causal):
     assert "setmaxnreg.dec.sync.aligned.u32 \t24" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t240" in ptx
     assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx and "expect_tx" in ptx
     assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1" in ptx  # S^T ready, dP^T may run
-    assert re.search(r"atom\.global\.\w*\.?relaxed\.\w*\.?add", ptx) or "red.global" in ptx  # dQ
+    # dQ: TMA's bulk reduce-add from shared memory, waited for before the tile is written again
+    assert "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add" in ptx
+    assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx) and "atom.global" not in ptx
 
 
 @pytest.mark.parametrize("d, causal", BUILDS)
@@ -143,8 +145,9 @@ def test_config_fits_shared_memory(d):
 
 
 def test_dq_tile_in_shared_memory_has_no_bank_conflicts():
-    """The kernel's dQ tile layout passes the probe (tests/gluon_probes.py); an unswizzled one,
-    which makes every store of the accumulator four wavefronts, fails it."""
+    """The kernel's dQ tile layout, the 128-byte swizzle TMA reads, passes the probe
+    (tests/gluon_probes.py): its stores from the accumulator cost at most one wavefront beyond the
+    fewest. An unswizzled layout, which costs three, fails it."""
     builds = _builds()
     assert builds["dq_tile"] == {"ok": True}, builds["dq_tile"]
     assert "bank conflicts" in builds["dq_tile_unswizzled"].get("error", "")
@@ -310,7 +313,8 @@ def test_cpu_tensors_take_the_triton_backward():
 
 
 def _route(monkeypatch, **options):
-    """Call flashlab::attention_backward on CPU tensors with the Gluon kernel said to take them
+    """Call flashlab::attention_backward on DEVICE's tensors (the Triton kernels run there: the GPU,
+    or the interpreter on a CPU) with the Gluon kernel said to take them
     (hopper_backward patched to True) and a stand-in for it; returns (whether it ran, the op's
     outputs, k). k is a permuted view, as a model's projection gives it."""
     from flashlab.kernels import ops
@@ -325,10 +329,10 @@ def _route(monkeypatch, **options):
     monkeypatch.setattr(ops, "hopper_backward", lambda q, k, v: True)
     monkeypatch.setattr(ops, "_fa3_backward", stand_in)
     g = torch.Generator().manual_seed(0)
-    q, do, o = (torch.randn(1, 2, 64, 64, generator=g) for _ in range(3))
-    k = torch.randn(1, 64, 2, 64, generator=g).permute(0, 2, 1, 3)  # (B, H, N, d), not contiguous
-    v = torch.randn(1, 2, 64, 64, generator=g)
-    lse2 = torch.zeros(1, 2, 64)
+    q, do, o = (torch.randn(1, 2, 64, 64, generator=g).to(DEVICE) for _ in range(3))
+    k = torch.randn(1, 64, 2, 64, generator=g).to(DEVICE).permute(0, 2, 1, 3)  # (B, H, N, d), not contiguous
+    v = torch.randn(1, 2, 64, 64, generator=g).to(DEVICE)
+    lse2 = torch.zeros(1, 2, 64, device=DEVICE)
     opts = dict(causal=False, scale=0.125, window=None, deterministic=False, cu_seqlens_q=None,
                 cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) | options
     out = ops.attention_backward(do, q, k, v, o, lse2, **opts)
@@ -344,6 +348,7 @@ def test_atomic_backward_routes_to_the_gluon_kernel_in_the_fake_layout(monkeypat
     assert torch.equal(dk, torch.ones_like(k)) and torch.equal(dv, torch.full_like(dv, 2.0))
 
 
+@runs_somewhere
 @pytest.mark.parametrize("options", [dict(deterministic=True), dict(window=[5, 3])], ids=["deterministic", "window"])
 def test_other_backwards_stay_with_triton(monkeypatch, options):
     ran, _, _ = _route(monkeypatch, **options)

@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.language import _core as gl_core
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LN2, LOG2E, check_scale
@@ -44,6 +45,19 @@ from ._common import LN2, LOG2E, check_scale
 # TMA global -> shared copy: triton 3.6 names it async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gl_core.builtin
+def _tma_add_36(tensor_desc, coord, src, _semantic=None):
+    """Triton 3.6 has TMA's reduce-add (cp.reduce.async.bulk.tensor .add) in its builder but not
+    yet a Gluon name for it; later versions call it tma.async_atomic_add."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(gl_core.ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                              src.handle)
+
+
+# TMA shared -> global add: global[coord + block] += shared, as one bulk operation, asynchronous
+_tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
 __all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "check_shapes", "compile_for_sm90", "compile_sm90", "config",
            "fa3_forward", "forward", "supported", "tensor_descriptor_type"]

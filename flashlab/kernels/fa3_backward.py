@@ -12,18 +12,19 @@ division of labour:
 Each consumer w keeps dK_w and dV_w (64, d) in registers for the whole loop and, per query block:
 
     S_ij^T  = K_w Q_i^T                      (64, Br)   wgmma, both operands in shared memory
-    dP_ij^T = V_w dO_i^T                     (64, Br)   wgmma, issued behind S^T (and the last
-                                                        step's dQ atomics, which run under S^T)
+    dP_ij^T = V_w dO_i^T                     (64, Br)   wgmma, issued behind S^T
     P_ij^T  = exp2(S^T * scale log2 e - L_i) (64, Br)   recomputed from the saved lse  (line 11)
     dS_ij^T = P^T * (dP^T - D_i)             (64, Br)                                  (line 14)
     dV_w   += P^T dO_i                       (64, d)    wgmma, P^T through shared memory (line 12)
     dK_w   += dS^T Q_i                       (64, d)    wgmma, dS^T through shared memory (line 16)
     dQ_i   += dS_ij K_j                      (Br, d)    both halves of dS^T through shared
-                                                        memory; added to an fp32 buffer (line 15)
+                                                        memory; added to an fp32 buffer in HBM by
+                                                        TMA's reduce-add (line 15)
 
 dQ is split between the consumers: at d = 128 each computes 64 of its columns, at d = 64 they
-take query blocks in turn. It is added to HBM with atomic adds, so its bits depend on the order in
-which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`). The
+take query blocks in turn. Its tile goes from registers to shared memory, and one TMA instruction
+adds it to HBM while the warpgroup goes on (the copy engine does the adds, in L2), so its bits
+depend on the order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`). The
 scale is applied once at the end: dK = scale dS^T Q, dQ = scale dS K.
 
 Glossary: D_i = rowsum(dO_i * O_i); L_i = lse in log2 units; dS = gradient of the scores (打分的
@@ -46,8 +47,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
 from .backward import _preprocess_kernel
-from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_load, check_shapes, compile_for_sm90,
-                  tensor_descriptor_type)
+from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_shapes, compile_for_sm90,
+                  tma, tensor_descriptor_type)
 
 __all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "supported"]
 
@@ -57,21 +58,21 @@ MAXNREG = 168  # as in the forward (flashlab.kernels.fa3): consumers 240 registe
 CONSUMER_REGS = gl.constexpr(240)
 PRODUCER_REGS = gl.constexpr(24)
 # Time stamps (STAMPS=True; flashlab.lab.experiments.fa3_backward_timeline): each consumer notes
-# when it begins each phase of step t, in this order: wait for Q_i and dO_i, issue S^T, add the
-# last step's dQ, issue dP^T, wait for S^T, P^T = exp2(...), P^T to shared memory and issue dV,
+# when it begins each phase of step t, in this order: wait for Q_i and dO_i, issue S^T, issue
+# dP^T, wait for S^T, P^T = exp2(...), P^T to shared memory and issue dV,
 # wait for dP^T, dS^T, wait for a free dS slot, dS^T to shared memory, issue dK, wait for the
-# other half of dS, issue dQ, wait for dV, dK, dQ, dQ to shared memory; "done" closes the step.
-STAMP_PHASES = ("wait_q", "issue_s", "add_dq", "issue_dp", "wait_s", "exp", "issue_dv", "wait_dp", "ds",
+# other half of dS, issue dQ, wait for dV, dK, dQ, dQ to shared memory and TMA's add issued;
+# "done" closes the step.
+STAMP_PHASES = ("wait_q", "issue_s", "issue_dp", "wait_s", "exp", "issue_dv", "wait_dp", "ds",
                 "wait_ds_free", "store_ds", "issue_dk", "wait_ds_ready", "issue_dq", "wait_all", "store_dq", "done")
-(_WAIT_Q, _ISSUE_S, _ADD_DQ, _ISSUE_DP, _WAIT_S, _EXP, _ISSUE_DV, _WAIT_DP, _DS, _WAIT_DS_FREE, _STORE_DS,
+(_WAIT_Q, _ISSUE_S, _ISSUE_DP, _WAIT_S, _EXP, _ISSUE_DV, _WAIT_DP, _DS, _WAIT_DS_FREE, _STORE_DS,
  _ISSUE_DK, _WAIT_DS_READY, _ISSUE_DQ, _WAIT_ALL, _STORE_DQ, _DONE) = (gl.constexpr(p)
                                                                         for p in range(len(STAMP_PHASES)))
 STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1")
-# The fp32 dQ tile (Br, 64) in shared memory: written from the wgmma accumulator, read back in rows
-# of 4-vectors (_add_dq). Swizzled in 8-element vectors, neither side has bank conflicts; unswizzled,
-# each store of the accumulator would take four shared-memory wavefronts instead of one.
-DQ_SMEM_LAYOUT = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
+# The fp32 dQ tile (1, Br, 64) in shared memory, in the layout TMA reads it with (128-byte swizzle):
+# written from the wgmma accumulator without bank conflicts.
+DQ_SMEM_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, 64], gl.float32)
 # L_i and D_i arrive by TMA as rows of Br floats, unswizzled
 ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
@@ -138,31 +139,7 @@ def _adds_dq(t, WG: gl.constexpr, HEAD_D: gl.constexpr):
 
 
 @gluon.jit
-def _add_dq(DQ, dq_smem, t, lo, bh, N_Q, WG: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr):
-    """The dQ tile consumer WG computed on step t, waiting in shared memory (``dq_smem``, this
-    warpgroup's (Br, w)), added to HBM by atomic adds: dQ[i0 + r, col0 + c] += dq[r, c] for the
-    rows below N_q, i0 = (lo + t) Br, col0 = WG w at d = 128 and 0 at d = 64; nothing on a step
-    this warpgroup left to the other (:func:`_adds_dq`). ROWS rows at a time, so that only a few
-    addresses are live beside dK and dV: (Br, w) addresses straight from the wgmma layout would
-    cost 2 registers each."""
-    ROWS: gl.constexpr = 8
-    W: gl.constexpr = dq_smem.shape[1]
-    if _adds_dq(t, WG, HEAD_D):
-        i0 = (lo + t) * BLOCK_M
-        col0 = WG * W if HEAD_D == 128 else 0
-        chunk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // W, W // 4],
-                                               warps_per_cta=[4, 1], order=[1, 0])
-        r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, chunk))
-        c = col0 + gl.arange(0, W, layout=gl.SliceLayout(0, chunk))
-        for r0 in gl.static_range(0, BLOCK_M, ROWS):
-            rows = i0 + r0 + r
-            part = dq_smem.slice(r0, ROWS, dim=0).load(chunk)
-            gl.atomic_add(DQ + (bh * N_Q + rows[:, None]).to(gl.int64) * HEAD_D + c[None, :], part,
-                          mask=(rows < N_Q)[:, None], sem="relaxed")
-
-
-@gluon.jit
-def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
+def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
           masked, CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
           HEAD_D: gl.constexpr, STAGES: gl.constexpr, STAMP, here, STAMPS: gl.constexpr):
     """Step t of consumer WG: query block i0 = (lo + t) Br. Returns dK_w, dV_w (Br, d) updated.
@@ -188,9 +165,6 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
     _note(STAMP, here, t, WG, _ISSUE_S, STAMPS)
     zero_st = gl.zeros([BLOCK_M, BLOCK_M], gl.float32, st_layout)
     st_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # S^T = K_w Q_i^T
-    _note(STAMP, here, t, WG, _ADD_DQ, STAMPS)
-    if t > 0:  # the last step's dQ leaves while the tensor cores compute S^T
-        _add_dq(DQ, dq_smem.index(WG), t - 1, lo, bh, N_Q, WG, BLOCK_M, HEAD_D)
     _note(STAMP, here, t, WG, _ISSUE_DP, STAMPS)
     dpt_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_st, use_acc=False, is_async=True)  # dP^T = V_w dO_i^T
     _note(STAMP, here, t, WG, _WAIT_S, STAMPS)
@@ -241,7 +215,12 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
         _note(STAMP, here, t, WG, _WAIT_ALL, STAMPS)
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
         _note(STAMP, here, t, WG, _STORE_DQ, STAMPS)
-        dq_smem.index(WG).store(dq)  # added to HBM during the next step's S^T (or after the loop)
+        dq_w = dq_smem.index(WG)  # (1, Br, DQ_D)
+        tma.store_wait(0)  # TMA has read the tile this warpgroup added a step ago
+        dq_w.reshape([BLOCK_M, DQ_D]).store(dq)
+        fence_async_shared()
+        # dQ[bh, i0 + [0, Br), col0 + [0, DQ_D)] += dq: TMA skips rows past N_q
+        _tma_add(desc_dq, [bh, i0, WG * DQ_D if HEAD_D == 128 else 0], dq_w)
     else:
         _note(STAMP, here, t, WG, _WAIT_ALL, STAMPS)
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
@@ -253,7 +232,7 @@ def _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, q
 
 
 @gluon.jit
-def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, bars,
+def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, bars,
               ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
@@ -280,10 +259,9 @@ def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
     dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_full, 0)
     for t in range(n):
-        dk, dv = _step(t, lo, dk, dv, DQ, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
+        dk, dv = _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N_K, qk_scale,
                        t < n_masked, CAUSAL, WG, BLOCK_M, HEAD_D, STAGES, STAMP, here, STAMPS)
-    if n > 0:  # the last step's dQ
-        _add_dq(DQ, dq_smem.index(WG), n - 1, lo, bh, N_Q, WG, BLOCK_M, HEAD_D)
+    tma.store_wait(0)  # the last dQ tile has been read before the program ends
 
     # "write dK_j, dV_j to HBM": rows past N_k belong to the next head and are left alone
     krows = j0 + WG * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, kv_layout))
@@ -294,15 +272,15 @@ def _consumer(DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_K", "N_PAD"])
-def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, DK, DV, DQ, N_Q, N_K, N_PAD,
+def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, desc_dq, DK, DV, N_Q, N_K, N_PAD,
                          qk_scale, scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                          HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                          STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Grid (key blocks of 2 Br, B * H). Q, dO, K and V come as 2-D views (B * H * N, d) in
     blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows past a head's N belong to the next head
     (or are zero past the end) and are masked. L and D (desc_lse, desc_delta) are (B * H, N_PAD)
-    with N_PAD a multiple of Br, +inf and 0 on the padding. DQ is an fp32 (B * H * N_q, d) buffer
-    that starts at zero."""
+    with N_PAD a multiple of Br, +inf and 0 on the padding. desc_dq is over an fp32 (B * H, N_q, d)
+    buffer that starts at zero, in blocks (1, Br, 64)."""
     dtype: gl.constexpr = desc_q.dtype
     k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)  # K_j (2 Br, d)
     v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)  # V_j (2 Br, d)
@@ -314,9 +292,8 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_delta.block_type.shape, desc_delta.layout)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
     p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_M], p_layout)  # each consumer's P^T
-    DQ_D: gl.constexpr = HEAD_D // 2 if HEAD_D == 128 else HEAD_D
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_D],  # each consumer's dQ tile
-                                        DQ_SMEM_LAYOUT)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + desc_dq.block_type.shape,  # each consumer's dQ
+                                        desc_dq.layout)
     kv_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -332,10 +309,10 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     bars = (kv_full, q_full, q_empty)
     ds_bars = (ds_ready, ds_free)
     gl.warp_specialize([
-        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
+        (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
                      dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
-        (_consumer, (DK, DV, DQ, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
+        (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
                      dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
@@ -377,9 +354,10 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
-def _descriptors(q, do, k, v, lse, delta) -> tuple[TensorDescriptor, ...]:
+def _descriptors(q, do, k, v, lse, delta, dq) -> tuple[TensorDescriptor, ...]:
     """TMA descriptors over the 2-D views (B * H * N, d): Br-row blocks (Q, dO), 2 Br-row blocks (K, V);
-    and over L, D (B * H, N_pad) viewed as rows of Br, one row a block."""
+    over L, D (B * H, N_pad) viewed as rows of Br, one row a block; and over the fp32 dQ buffer
+    (B * H, N_q, d) in blocks (1, Br, 64), so that a block's rows past N_q fall outside its head."""
     d = q.shape[3]
     gl_dtype = _GL_DTYPES[q.dtype]
     rows = gl.NVMMASharedLayout.get_default_for([BLOCK_M, d], gl_dtype)
@@ -389,7 +367,8 @@ def _descriptors(q, do, k, v, lse, delta) -> tuple[TensorDescriptor, ...]:
             TensorDescriptor.from_tensor(k.view(-1, d), [2 * BLOCK_M, d], keys),
             TensorDescriptor.from_tensor(v.view(-1, d), [2 * BLOCK_M, d], keys),
             TensorDescriptor.from_tensor(lse.view(-1, BLOCK_M), [1, BLOCK_M], ROW_LAYOUT),
-            TensorDescriptor.from_tensor(delta.view(-1, BLOCK_M), [1, BLOCK_M], ROW_LAYOUT))
+            TensorDescriptor.from_tensor(delta.view(-1, BLOCK_M), [1, BLOCK_M], ROW_LAYOUT),
+            TensorDescriptor.from_tensor(dq.view(-1, q.shape[2], d), [1, BLOCK_M, 64], DQ_SMEM_LAYOUT))
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -428,7 +407,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if not 0 <= stamp_at < grid[0] * grid[1]:
             raise ValueError(f"stamp_at must name one of the {grid[0] * grid[1]} programs; got {stamp_at}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
-    _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta), dk, dv, dq_acc, N_Q, N_K, n_pad,
+    _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta, dq_acc), dk, dv, N_Q, N_K, n_pad,
                                scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,
                                num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return (dq_acc * scale).to(q.dtype), dk, dv
@@ -449,9 +428,10 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
                  "desc_v": tensor_descriptor_type(g, [2 * BLOCK_M, d]),
                  "desc_lse": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
                  "desc_delta": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
-                 "DK": f"*{g}", "DV": f"*{g}", "DQ": "*fp32",
+                 "desc_dq": f"tensordesc<fp32[1, {BLOCK_M}, 64],{DQ_SMEM_LAYOUT!r}>",
+                 "DK": f"*{g}", "DV": f"*{g}",
                  "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32",
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
-    names = ("DK", "DV", "DQ") + (("STAMP",) if stamps else ())
+    names = ("DK", "DV") + (("STAMP",) if stamps else ())
     pointers = tuple(_fa3_backward_kernel.arg_names.index(n) for n in names)
     return compile_for_sm90(_fa3_backward_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)
