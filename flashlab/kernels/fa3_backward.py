@@ -15,17 +15,19 @@ Each consumer w keeps dK_w and dV_w (64, d) in registers for the whole loop and,
     dP_ij^T = V_w dO_i^T                     (64, Br)   wgmma, issued behind S^T
     P_ij^T  = exp2(S^T * scale log2 e - L_i) (64, Br)   recomputed from the saved lse  (line 11)
     dS_ij^T = P^T * (dP^T - D_i)             (64, Br)                                  (line 14)
-    dV_w   += P^T dO_i                       (64, d)    wgmma, P^T through shared memory (line 12)
-    dK_w   += dS^T Q_i                       (64, d)    wgmma, dS^T through shared memory (line 16)
+    dV_w   += P^T dO_i                       (64, d)    wgmma, P^T from registers       (line 12)
+    dK_w   += dS^T Q_i                       (64, d)    wgmma, dS^T from registers      (line 16)
     dQ_i   += dS_ij K_j                      (Br, d)    both halves of dS^T through shared
                                                         memory; added to an fp32 buffer in HBM by
                                                         TMA's reduce-add (line 15)
 
 dQ is split between the consumers: at d = 128 each computes 64 of its columns, at d = 64 they
 take query blocks in turn. Its tile goes from registers to shared memory, and one TMA instruction
-adds it to HBM while the warpgroup goes on (the copy engine does the adds, in L2), so its bits
-depend on the order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`). The
-scale is applied once at the end: dK = scale dS^T Q, dQ = scale dS K.
+adds it to HBM while the warpgroup goes on (the adds happen in L2), so its bits depend on the
+order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`).
+P^T and dS^T need no trip through shared memory for dV and dK: S^T's accumulator, computed with
+the keys as rows, is already laid out as wgmma's register operand A. The scale is applied once at
+the end: dK = scale dS^T Q, dQ = scale dS K.
 
 Glossary: D_i = rowsum(dO_i * O_i); L_i = lse in log2 units; dS = gradient of the scores (打分的
 梯度); Br = BLOCK_M, Bc = 2 * BLOCK_M (keys per program).
@@ -59,14 +61,13 @@ CONSUMER_REGS = gl.constexpr(240)
 PRODUCER_REGS = gl.constexpr(24)
 # Time stamps (STAMPS=True; flashlab.lab.experiments.fa3_backward_timeline): each consumer notes
 # when it begins each phase of step t, in this order: wait for Q_i and dO_i, issue S^T, issue
-# dP^T, wait for S^T, P^T = exp2(...), P^T to shared memory and issue dV,
-# wait for dP^T, dS^T, wait for a free dS slot, dS^T to shared memory, issue dK, wait for the
-# other half of dS, issue dQ, wait for dV, dK, dQ, dQ to shared memory and TMA's add issued;
+# dP^T, wait for S^T, P^T = exp2(...), issue dV, wait for dP^T, dS^T, issue dK, wait for a free
+# dS slot, dS^T to shared memory, wait for the other half of dS, issue dQ, wait for dV, dK, dQ, dQ to shared memory and TMA's add issued;
 # "done" closes the step.
-STAMP_PHASES = ("wait_q", "issue_s", "issue_dp", "wait_s", "exp", "issue_dv", "wait_dp", "ds",
-                "wait_ds_free", "store_ds", "issue_dk", "wait_ds_ready", "issue_dq", "wait_all", "store_dq", "done")
-(_WAIT_Q, _ISSUE_S, _ISSUE_DP, _WAIT_S, _EXP, _ISSUE_DV, _WAIT_DP, _DS, _WAIT_DS_FREE, _STORE_DS,
- _ISSUE_DK, _WAIT_DS_READY, _ISSUE_DQ, _WAIT_ALL, _STORE_DQ, _DONE) = (gl.constexpr(p)
+STAMP_PHASES = ("wait_q", "issue_s", "issue_dp", "wait_s", "exp", "issue_dv", "wait_dp", "ds", "issue_dk",
+                "wait_ds_free", "store_ds", "wait_ds_ready", "issue_dq", "wait_all", "store_dq", "done")
+(_WAIT_Q, _ISSUE_S, _ISSUE_DP, _WAIT_S, _EXP, _ISSUE_DV, _WAIT_DP, _DS, _ISSUE_DK, _WAIT_DS_FREE, _STORE_DS,
+ _WAIT_DS_READY, _ISSUE_DQ, _WAIT_ALL, _STORE_DQ, _DONE) = (gl.constexpr(p)
                                                                         for p in range(len(STAMP_PHASES)))
 STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1")
@@ -80,9 +81,8 @@ ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, ran
 def config(d: int) -> dict:
     """Ring depth for head dimension ``d``. Shared memory per CTA: K_j and V_j 2 * 2 Br d and the
     ring STAGES * 2 Br d (Q_i, dO_i) in 2-byte elements, L_i and D_i STAGES * 2 Br floats, each
-    consumer's P^T Br Br (2 bytes) and dQ tile Br 64 (4 bytes), and two slots of dS^T 2 Br Br
-    (2 bytes); d = 128 with 2 stages is 209 KB of the 227 KB a CTA may use, d = 64 with 3 stages
-    162 KB."""
+    consumer's dQ tile Br 64 (4 bytes), and two slots of dS^T 2 Br Br (2 bytes); d = 128 with
+    2 stages is 193 KB of the 227 KB a CTA may use, d = 64 with 3 stages 146 KB."""
     return {"BLOCK_M": BLOCK_M, "HEAD_D": d, "STAGES": 2 if d == 128 else 3}
 
 
@@ -144,7 +144,7 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
           HEAD_D: gl.constexpr, STAGES: gl.constexpr, STAMP, here, STAMPS: gl.constexpr):
     """Step t of consumer WG: query block i0 = (lo + t) Br. Returns dK_w, dV_w (Br, d) updated.
     STAMPS: the program where ``here`` holds notes when each phase begins (:data:`STAMP_PHASES`)."""
-    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem = smem
+    k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = smem
     ds_ready, ds_free = ds_bars
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -152,6 +152,9 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DQ_D, 16])
     query_of: gl.constexpr = gl.SliceLayout(0, st_layout)  # along S^T's columns: query rows
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # P^T, dS^T
     dtype: gl.constexpr = q_smem.dtype
     i0 = (lo + t) * BLOCK_M
     stage = t % STAGES
@@ -181,17 +184,18 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
             visible = visible & (keys[:, None] <= queries[None, :] + (N_K - N_Q))
         p_t = gl.where(visible, p_t, 0.0)
     _note(STAMP, here, t, WG, _ISSUE_DV, STAMPS)
-    p_w = p_smem.index(WG)
-    p_w.store(p_t.to(dtype))
-    fence_async_shared()
-    dv_tok = warpgroup_mma(p_w, do, dv, is_async=True)  # dV_w += P^T dO_i (line 12)
+    # S^T's accumulator is already laid out as wgmma's register operand A: P^T stays in registers
+    dv_tok = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do, dv,
+                           is_async=True)  # dV_w += P^T dO_i (line 12)
     _note(STAMP, here, t, WG, _WAIT_DP, STAMPS)
     dp_t = warpgroup_mma_wait(1, deps=(dpt_tok,))  # dP^T is done; dV may still run
     _note(STAMP, here, t, WG, _DS, STAMPS)
     delta = delta_smem.index(stage).reshape([BLOCK_M]).load(query_of)
     ds_h = (p_t * (dp_t - delta[None, :])).to(dtype)  # dS^T = P^T * (dP^T - D_i) (line 14)
-    # this warpgroup's half of dS^T into shared memory, for dK here and dQ in both warpgroups;
-    # the slot was freed two steps ago
+    _note(STAMP, here, t, WG, _ISSUE_DK, STAMPS)
+    dk_tok = warpgroup_mma(gl.convert_layout(ds_h, a_layout), q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
+    # this warpgroup's half of dS^T into shared memory, for dQ in both warpgroups; the slot was
+    # freed two steps ago
     _note(STAMP, here, t, WG, _WAIT_DS_FREE, STAMPS)
     mbarrier.wait(ds_free.index(buf), ((t // 2) & 1) ^ 1)
     _note(STAMP, here, t, WG, _STORE_DS, STAMPS)
@@ -199,8 +203,6 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
     ds_w.store(ds_h)
     fence_async_shared()
     mbarrier.arrive(ds_ready.index(buf), count=1)
-    _note(STAMP, here, t, WG, _ISSUE_DK, STAMPS)
-    dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
     _note(STAMP, here, t, WG, _WAIT_DS_READY, STAMPS)
     mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)  # the other warpgroup's half is there
     ds = ds_smem.index(buf).permute((1, 0))  # dS_ij (Br, 2 Br)
@@ -232,7 +234,7 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
 
 
 @gluon.jit
-def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem, bars,
+def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, bars,
               ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
@@ -253,7 +255,7 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
         n_masked = gl.minimum(gl.maximum(gl.cdiv(j0 + 2 * BLOCK_M - 1 - (N_K - N_Q), BLOCK_M) - lo, 0), n)
     if j0 + 2 * BLOCK_M > N_K:
         n_masked = n
-    smem = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem, dq_smem)
+    smem = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
     here = gl.program_id(0) + bh * gl.num_programs(0) == STAMP_AT
     dk = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
@@ -290,8 +292,6 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_M, BLOCK_M], ds_layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_lse.block_type.shape, desc_lse.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_delta.block_type.shape, desc_delta.layout)
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_M], dtype)
-    p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_M], p_layout)  # each consumer's P^T
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + desc_dq.block_type.shape,  # each consumer's dQ
                                         desc_dq.layout)
     kv_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -309,10 +309,10 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     bars = (kv_full, q_full, q_empty)
     ds_bars = (ds_ready, ds_free)
     gl.warp_specialize([
-        (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
+        (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                      dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
-        (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, p_smem, ds_smem,
+        (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                      dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
