@@ -61,14 +61,16 @@ CONSUMER_REGS = gl.constexpr(240)
 PRODUCER_REGS = gl.constexpr(24)
 # Time stamps (STAMPS=True; flashlab.lab.experiments.fa3_backward_timeline): each consumer notes
 # when it begins each phase of step t, in this order: wait for Q_i and dO_i, issue S^T, issue
-# dP^T, wait for S^T, P^T = exp2(...), issue dV, wait for dP^T, dS^T, issue dK, wait for a free
-# dS slot, dS^T to shared memory, wait for the other half of dS, issue dQ, wait for dV, dK, dQ, dQ to shared memory and TMA's add issued;
-# "done" closes the step.
-STAMP_PHASES = ("wait_q", "issue_s", "issue_dp", "wait_s", "exp", "issue_dv", "wait_dp", "ds", "issue_dk",
-                "wait_ds_free", "store_ds", "wait_ds_ready", "issue_dq", "wait_all", "store_dq", "done")
-(_WAIT_Q, _ISSUE_S, _ISSUE_DP, _WAIT_S, _EXP, _ISSUE_DV, _WAIT_DP, _DS, _ISSUE_DK, _WAIT_DS_FREE, _STORE_DS,
- _WAIT_DS_READY, _ISSUE_DQ, _WAIT_ALL, _STORE_DQ, _DONE) = (gl.constexpr(p)
-                                                                        for p in range(len(STAMP_PHASES)))
+# dP^T, wait for S^T, P^T = exp2(...), issue dV, wait for dP^T, dS^T, wait for a free dS slot,
+# dS^T to shared memory, wait for the other half of dS, issue dQ, issue dK, wait for dV and dQ,
+# wait for TMA to have read the last dQ tile, dQ to shared memory and TMA's add issued, wait for
+# dK; "done" closes the step.
+STAMP_PHASES = ("wait_q", "issue_s", "issue_dp", "wait_s", "exp", "issue_dv", "wait_dp", "ds", "wait_ds_free",
+                "store_ds", "wait_ds_ready", "issue_dq", "issue_dk", "wait_dq", "wait_dq_read", "store_dq", "wait_dk",
+                "done")
+(_WAIT_Q, _ISSUE_S, _ISSUE_DP, _WAIT_S, _EXP, _ISSUE_DV, _WAIT_DP, _DS, _WAIT_DS_FREE, _STORE_DS, _WAIT_DS_READY,
+ _ISSUE_DQ, _ISSUE_DK, _WAIT_DQ, _WAIT_DQ_READ, _STORE_DQ, _WAIT_DK, _DONE) = (gl.constexpr(p)
+                                                                            for p in range(len(STAMP_PHASES)))
 STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1")
 # The fp32 dQ tile (1, Br, 64) in shared memory, in the layout TMA reads it with (128-byte swizzle):
@@ -192,8 +194,6 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
     _note(STAMP, here, t, WG, _DS, STAMPS)
     delta = delta_smem.index(stage).reshape([BLOCK_M]).load(query_of)
     ds_h = (p_t * (dp_t - delta[None, :])).to(dtype)  # dS^T = P^T * (dP^T - D_i) (line 14)
-    _note(STAMP, here, t, WG, _ISSUE_DK, STAMPS)
-    dk_tok = warpgroup_mma(gl.convert_layout(ds_h, a_layout), q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
     # this warpgroup's half of dS^T into shared memory, for dQ in both warpgroups; the slot was
     # freed two steps ago
     _note(STAMP, here, t, WG, _WAIT_DS_FREE, STAMPS)
@@ -207,6 +207,7 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
     mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)  # the other warpgroup's half is there
     ds = ds_smem.index(buf).permute((1, 0))  # dS_ij (Br, 2 Br)
     _note(STAMP, here, t, WG, _ISSUE_DQ, STAMPS)
+    # dQ is issued before dK, so that its tile goes out to HBM while the tensor cores compute dK
     if _adds_dq(t, WG, HEAD_D):
         if HEAD_D == 128:  # dQ_i[:, WG d/2 + [0, d/2)] = dS_ij K_j[:, WG d/2 + [0, d/2)] (line 15)
             k_cols = k_smem.slice(WG * DQ_D, DQ_D, dim=1)
@@ -214,21 +215,30 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
             k_cols = k_smem
         zero_dq = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)
         dq_tok = warpgroup_mma(ds, k_cols, zero_dq, use_acc=False, is_async=True)
-        _note(STAMP, here, t, WG, _WAIT_ALL, STAMPS)
-        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-        _note(STAMP, here, t, WG, _STORE_DQ, STAMPS)
+        _note(STAMP, here, t, WG, _ISSUE_DK, STAMPS)
+        dk_tok = warpgroup_mma(gl.convert_layout(ds_h, a_layout), q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
+        _note(STAMP, here, t, WG, _WAIT_DQ, STAMPS)
+        dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))  # dV and dQ are done; dK may still run
+        mbarrier.arrive(ds_free.index(buf), count=1)  # this slot of dS has been read here
+        _note(STAMP, here, t, WG, _WAIT_DQ_READ, STAMPS)
         dq_w = dq_smem.index(WG)  # (1, Br, DQ_D)
-        tma.store_wait(0)  # TMA has read the tile this warpgroup added a step ago
+        tma.store_wait(0)  # TMA has read the tile this warpgroup added last time
+        _note(STAMP, here, t, WG, _STORE_DQ, STAMPS)
         dq_w.reshape([BLOCK_M, DQ_D]).store(dq)
         fence_async_shared()
         # dQ[bh, i0 + [0, Br), col0 + [0, DQ_D)] += dq: TMA skips rows past N_q
         _tma_add(desc_dq, [bh, i0, WG * DQ_D if HEAD_D == 128 else 0], dq_w)
     else:
-        _note(STAMP, here, t, WG, _WAIT_ALL, STAMPS)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        mbarrier.arrive(ds_free.index(buf), count=1)  # the other warpgroup computes dQ_i
+        _note(STAMP, here, t, WG, _ISSUE_DK, STAMPS)
+        dk_tok = warpgroup_mma(gl.convert_layout(ds_h, a_layout), q, dk, is_async=True)  # dK_w += dS^T Q_i (line 16)
+        _note(STAMP, here, t, WG, _WAIT_DQ, STAMPS)
+        dv = warpgroup_mma_wait(1, deps=(dv_tok,))
+        _note(STAMP, here, t, WG, _WAIT_DQ_READ, STAMPS)
         _note(STAMP, here, t, WG, _STORE_DQ, STAMPS)
+    _note(STAMP, here, t, WG, _WAIT_DK, STAMPS)
+    dk = warpgroup_mma_wait(0, deps=(dk_tok,))
     mbarrier.arrive(q_empty.index(stage), count=1)  # Q_i and dO_i are no longer needed here
-    mbarrier.arrive(ds_free.index(buf), count=1)  # nor this slot of dS
     _note(STAMP, here, t, WG, _DONE, STAMPS)
     return dk, dv
 
