@@ -128,7 +128,7 @@ def _attention_forward_fake(q, k, v, causal, scale, window, deterministic, impl,
 
 
 def hopper_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the Gluon FA3 backward (fa3_backward.py, dQ by atomics) takes these inputs: a
+    """Whether the Gluon FA3 backward (fa3_backward.py, dQ added atomically by TMA) takes these inputs: a
     Hopper GPU, bfloat16/float16, d = 64 or 128, as many K/V heads as query heads."""
     if not q.is_cuda:
         return False
