@@ -22,9 +22,9 @@ Each consumer w keeps dK_w and dV_w (64, d) in registers for the whole loop and,
                                                         TMA's reduce-add (line 15)
 
 dQ is split between the consumers: at d = 128 each computes 64 of its columns, at d = 64 they
-take query blocks in turn. Its tile goes from registers to shared memory, and one TMA instruction
-adds it to HBM while the warpgroup goes on (the adds happen in L2), so its bits depend on the
-order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`).
+take query blocks in turn. Its tile goes from registers to shared memory, and TMA adds it to HBM
+(two bulk reduce-adds, one per 32 columns, the width of the 128-byte swizzle) while the warpgroup
+goes on; the adds happen in L2, so its bits depend on the order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`).
 P^T and dS^T need no trip through shared memory for dV and dK: S^T's accumulator, computed with
 the keys as rows, is already laid out as wgmma's register operand A. The scale is applied once at
 the end: dK = scale dS^T Q, dQ = scale dS K.
@@ -74,7 +74,7 @@ STAMP_PHASES = ("wait_q", "issue_s", "issue_dp", "wait_s", "exp", "issue_dv", "w
 STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1")
 # The fp32 dQ tile (1, Br, 64) in shared memory, in the layout TMA reads it with (128-byte swizzle):
-# written from the wgmma accumulator without bank conflicts.
+# each store from the wgmma accumulator costs at most one shared-memory wavefront beyond the fewest.
 DQ_SMEM_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, 64], gl.float32)
 # L_i and D_i arrive by TMA as rows of Br floats, unswizzled
 ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
