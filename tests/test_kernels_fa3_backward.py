@@ -376,3 +376,13 @@ def test_flash_attention_atomic_backward_is_the_gluon_one(causal, monkeypatch):
     for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
         err = (a.double() - r).abs().max().item()
         assert err <= 2 * (lo.double() - r).abs().max().item() + 1e-5, f"{name}: max error {err:.3e}"
+
+
+@pytest.mark.parametrize("module", ["fa3", "fa3_backward"])
+@pytest.mark.parametrize("dtype, d, words", [(torch.float32, 128, "dtype must be bfloat16 or float16"),
+                                             (torch.bfloat16, 96, "d must be one of")])
+def test_compile_refuses_what_the_kernels_do_not_build(module, dtype, d, words):
+    import importlib
+
+    with pytest.raises(ValueError, match=words):
+        importlib.import_module(f"flashlab.kernels.{module}").compile_sm90(dtype, d)

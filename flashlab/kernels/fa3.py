@@ -59,8 +59,8 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
 # TMA shared -> global add: global[coord + block] += shared, as one bulk operation, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
-__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "check_shapes", "compile_for_sm90", "compile_sm90", "config",
-           "fa3_forward", "forward", "supported", "tensor_descriptor_type"]
+__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "check_build", "check_shapes", "compile_for_sm90", "compile_sm90",
+           "config", "fa3_forward", "forward", "supported", "tensor_descriptor_type"]
 
 GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -653,6 +653,14 @@ def tensor_descriptor_type(dtype, block: list[int]) -> str:
     return f"tensordesc<{dtype}[{shape}],{gl.NVMMASharedLayout.get_default_for(block, dtype)!r}>"
 
 
+def check_build(dtype: torch.dtype, d: int) -> None:
+    """The arguments a bf16/fp16 Gluon kernel can be compiled for: ``dtype`` in DTYPES, ``d`` in HEAD_DIMS."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+
+
 def compile_for_sm90(kernel, signature: dict[str, str], constexprs: dict[str, object], pointers: tuple[int, ...],
                      num_warps: int, maxnreg: int | None):
     """Compile the Gluon ``kernel`` for sm_90 without a GPU: ``signature`` maps each parameter to
@@ -674,10 +682,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
     it with, and return Triton's CompiledKernel (``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
     ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled. ``stamps``: the
     build with time stamps (STAMPS=True, an int64 STAMP buffer; :func:`_stamp`)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+    check_build(dtype, d)
     c = config(d)
     gl_dtype = _GL_DTYPES[dtype]
     constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,

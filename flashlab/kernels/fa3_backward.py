@@ -49,8 +49,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
 from .backward import _preprocess_kernel
-from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_shapes, compile_for_sm90,
-                  tma, tensor_descriptor_type)
+from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_build, check_shapes,
+                  compile_for_sm90, tma, tensor_descriptor_type)
 
 __all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "supported"]
 
@@ -426,10 +426,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, stamps: bool = False):
     """Compile the kernel for sm_90 without a GPU, with the argument types :func:`backward`
     launches it with (``stamps``: the build with time stamps); returns Triton's CompiledKernel."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+    check_build(dtype, d)
     c = config(d)
     g = _GL_DTYPES[dtype]
     constexprs = dict(CAUSAL=bool(causal), **c, STAMP_AT=0, STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
