@@ -24,7 +24,8 @@ Each consumer w keeps dK_w and dV_w (64, d) in registers for the whole loop and,
 dQ is split between the consumers: at d = 128 each computes 64 of its columns, at d = 64 they
 take query blocks in turn. Its tile goes from registers to shared memory, and TMA adds it to HBM
 (two bulk reduce-adds, one per 32 columns, the width of the 128-byte swizzle) while the warpgroup
-goes on; the adds happen in L2, so its bits depend on the order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`).
+goes on; the adds happen in L2, so its bits depend on the order in which programs arrive
+(``deterministic=False`` in :func:`flashlab.kernels.flash_attention`).
 P^T and dS^T need no trip through shared memory for dV and dK: S^T's accumulator, computed with
 the keys as rows, is already laid out as wgmma's register operand A. The scale is applied once at
 the end: dK = scale dS^T Q, dQ = scale dS K.
@@ -42,6 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -50,7 +52,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ._common import LOG2E
 from .backward import _preprocess_kernel
 from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_build, check_shapes,
-                  compile_for_sm90, tma, tensor_descriptor_type)
+                  compile_for_sm90, tensor_descriptor_type)
 
 __all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "supported"]
 
