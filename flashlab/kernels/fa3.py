@@ -56,7 +56,7 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
                                               src.handle)
 
 
-# TMA shared -> global add: global[coord + block] += shared, as one bulk operation, asynchronous
+# TMA shared -> global add: global[coord + block] += shared, by bulk reduce-adds, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
 __all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "check_build", "check_shapes", "compile_for_sm90", "compile_sm90",

@@ -77,7 +77,8 @@ STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1")
 # The fp32 dQ tile (1, Br, 64) in shared memory, in the layout TMA reads it with (128-byte swizzle):
 # each store from the wgmma accumulator costs at most one shared-memory wavefront beyond the fewest.
-DQ_SMEM_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, 64], gl.float32)
+DQ_BLOCK = [1, BLOCK_M, 64]  # one warpgroup's dQ tile: (head, Br rows, 64 columns) of (B * H, N_q, d)
+DQ_SMEM_LAYOUT = gl.NVMMASharedLayout.get_default_for(DQ_BLOCK, gl.float32)
 # L_i and D_i arrive by TMA as rows of Br floats, unswizzled
 ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
@@ -380,7 +381,7 @@ def _descriptors(q, do, k, v, lse, delta, dq) -> tuple[TensorDescriptor, ...]:
             TensorDescriptor.from_tensor(v.view(-1, d), [2 * BLOCK_M, d], keys),
             TensorDescriptor.from_tensor(lse.view(-1, BLOCK_M), [1, BLOCK_M], ROW_LAYOUT),
             TensorDescriptor.from_tensor(delta.view(-1, BLOCK_M), [1, BLOCK_M], ROW_LAYOUT),
-            TensorDescriptor.from_tensor(dq.view(-1, q.shape[2], d), [1, BLOCK_M, 64], DQ_SMEM_LAYOUT))
+            TensorDescriptor.from_tensor(dq.view(-1, q.shape[2], d), DQ_BLOCK, DQ_SMEM_LAYOUT))
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -437,7 +438,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
                  "desc_v": tensor_descriptor_type(g, [2 * BLOCK_M, d]),
                  "desc_lse": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
                  "desc_delta": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
-                 "desc_dq": f"tensordesc<fp32[1, {BLOCK_M}, 64],{DQ_SMEM_LAYOUT!r}>",
+                 "desc_dq": f"tensordesc<fp32{DQ_BLOCK},{DQ_SMEM_LAYOUT!r}>",
                  "DK": f"*{g}", "DV": f"*{g}",
                  "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32",
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
