@@ -2,14 +2,14 @@
 
 On a CPU the kernel is compiled for sm_90 (Gluon has no interpreter) and the compiled code must
 show FA3's structure: warp specialisation with register reallocation (``setmaxnreg``), TMA loads
-completing on mbarriers, wgmma, dQ added by TMA's reduce-add; and what makes it fast: no local memory in
-the query-block loop and no serialised wgmma (ptxas waits for each wgmma to finish when other
-instructions touch its accumulators while it runs).
+completing on mbarriers, wgmma, dQ added by TMA's reduce-add; and what makes it fast: no local
+memory in the query-block loop and no serialised wgmma (ptxas waits for each wgmma to finish when
+other instructions touch its accumulators while it runs).
 On a Hopper GPU (marker ``gpu``): dq, dk, dv against the float64 reference under the flash-attn
 rule (max error at most twice that of plain PyTorch attention in the same precision, plus 1e-5),
 causal and not, ragged N, N_q != N_k both ways (rows that see no key among them), several heads
-and batches, bf16 and fp16; dk and dv bit-identical twice (dq is summed atomically, in any order); bad input
-refused naming the argument.
+and batches, bf16 and fp16; dk and dv bit-identical twice (dq is summed atomically, in any
+order); bad input refused naming the argument.
 """
 
 from __future__ import annotations
