@@ -73,3 +73,22 @@ def test_fp8_option_rows_name_the_recorded_columns():
             assert set(row) <= recorded, (stem, set(row) - recorded)
             assert row["v_block"] == (v_block or "") and row["pipeline"] == options.get("pipeline", False)
             assert row["rescale_threshold"] == options.get("rescale_threshold", "")
+
+
+def test_backward_variants_load_a_tree_and_refuse_one_that_differs_elsewhere(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from flashlab.lab.experiments.fa3_backward_variants import load_backward, shapes
+
+    kernels = Path(experiments.__file__).resolve().parents[2] / "kernels"
+    tree = tmp_path / "v-1"
+    shutil.copytree(kernels, tree / "flashlab" / "kernels")
+    module = load_backward(tree)
+    assert module.__name__ == "flashlab.kernels._fa3_backward_v_1" and callable(module.backward)
+    (tree / "flashlab" / "kernels" / "fa3.py").write_text("# another forward\n")
+    with pytest.raises(ValueError, match=r"differs in \['fa3.py'\]"):
+        load_backward(tree)
+    with pytest.raises(ValueError, match="must hold flashlab/kernels/fa3_backward.py"):
+        load_backward(tmp_path)
+    assert len(shapes()) == 9 and {s[2] for s in shapes()} == {4096, 16384, 131072}
