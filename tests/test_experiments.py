@@ -92,3 +92,16 @@ def test_backward_variants_load_a_tree_and_refuse_one_that_differs_elsewhere(tmp
     with pytest.raises(ValueError, match="must hold flashlab/kernels/fa3_backward.py"):
         load_backward(tmp_path)
     assert len(shapes()) == 9 and {s[2] for s in shapes()} == {4096, 16384, 131072}
+
+
+def test_backward_variants_ratios_read_cudnn_and_the_first_tree():
+    from flashlab.lab.experiments.fa3_backward_variants import ratios
+
+    shape = {"B": 1, "H": 2, "N": 64, "d": 64, "causal": True}
+    rows = [{"tree": "ceiling", "pass": "matmul", "ms": 1.0, **{k: "" for k in shape}},
+            {"tree": "sdpa_cudnn", "pass": "fwd", "ms": 1.0, **shape},
+            {"tree": "sdpa_cudnn", "pass": "fwdbwd", "ms": 4.0, **shape},
+            {"tree": "main", "pass": "fwdbwd", "ms": 5.0, **shape}, {"tree": "main", "pass": "bwd", "ms": 3.0, **shape},
+            {"tree": "new", "pass": "fwdbwd", "ms": 4.0, **shape}, {"tree": "new", "pass": "bwd", "ms": 2.0, **shape}]
+    assert ratios(rows) == [{**shape, "tree": "main", "vs_cudnn": 0.8, "bwd_vs_first": 1.0},
+                            {**shape, "tree": "new", "vs_cudnn": 1.0, "bwd_vs_first": 1.5}]

@@ -32,7 +32,7 @@ import torch
 from flashlab.lab.measure import paper_shape
 from flashlab.reference.naive import attention_flops
 
-__all__ = ["load_backward", "main", "shapes"]
+__all__ = ["load_backward", "main", "ratios", "shapes"]
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 ROUNDS = 3
@@ -66,6 +66,21 @@ def shapes(which: str = "bars") -> list[tuple[int, int, int, int, bool]]:
         return [(*paper_shape(16384, 128), 16384, 128, False), (*paper_shape(4096, 128), 4096, 128, True)]
     rows = [(*paper_shape(n, d), n, d, c) for n in (16384, 4096) for d in (128, 64) for c in (False, True)]
     return rows + [(1, 16, 131072, 128, True)]
+
+
+def ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """For each shape and tree of a record's rows: cuDNN's forward + backward time over the tree's
+    (above 1: the tree is faster) and the first tree's backward time over this tree's."""
+    out = []
+    shape = lambda r: (r["B"], r["H"], r["N"], r["d"], r["causal"])  # noqa: E731
+    ms = {(r["tree"], shape(r), r["pass"]): float(r["ms"]) for r in rows if r["tree"] != "ceiling"}
+    trees = list(dict.fromkeys(r["tree"] for r in rows if r["tree"] not in ("ceiling", "sdpa_cudnn")))
+    for key in dict.fromkeys(shape(r) for r in rows if r["tree"] != "ceiling"):
+        for tree in trees:
+            out.append({"B": key[0], "H": key[1], "N": key[2], "d": key[3], "causal": key[4], "tree": tree,
+                        "vs_cudnn": round(ms[("sdpa_cudnn", key, "fwdbwd")] / ms[(tree, key, "fwdbwd")], 3),
+                        "bwd_vs_first": round(ms[(trees[0], key, "bwd")] / ms[(tree, key, "bwd")], 3)})
+    return out
 
 
 def _inputs(B, H, N, d):
@@ -124,6 +139,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
         del q, k, v, do, o, lse2, qg, kg, vg, fns
         torch.cuda.empty_cache()
         paths = write(f"fa3_backward_variants_{gpu_tag()}", rows, meta, args.out)
+    for r in ratios(rows):
+        print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
     for path in paths:
         print(path, flush=True)
     return paths
