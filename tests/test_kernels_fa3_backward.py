@@ -386,3 +386,29 @@ def test_compile_refuses_what_the_kernels_do_not_build(module, dtype, d, words):
 
     with pytest.raises(ValueError, match=words):
         importlib.import_module(f"flashlab.kernels.{module}").compile_sm90(dtype, d)
+
+
+@runs_somewhere
+@pytest.mark.parametrize("B, H, N, d", [(1, 2, 70, 64), (2, 1, 64, 128), (1, 1, 1, 64)])
+def test_prepare_and_finish_match_pytorch(B, H, N, d):
+    """The one-pass preparation (D, L padded with 0 and +inf, dQ's accumulator zeroed) and the
+    one-pass dQ = scale * dQ_acc, against PyTorch; a row that saw no key gets L = +inf."""
+    from flashlab.kernels.fa3_backward import BLOCK_M, finish, prepare
+
+    g = torch.Generator().manual_seed(B * 100 + N + d)
+    do, o = (torch.randn(B, H, N, d, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    lse2 = torch.randn(B, H, N, generator=g).to(DEVICE)
+    lse2[..., 0] = float("-inf")
+    delta, lse, dq_acc = prepare(do, o, lse2)
+    n_pad = -(-N // BLOCK_M) * BLOCK_M
+    assert delta.shape == lse.shape == (B * H, n_pad) and dq_acc.shape == (B, H, N, d)
+    want = (do.float() * o.float()).sum(-1).reshape(B * H, N)
+    torch.testing.assert_close(delta[:, :N], want, rtol=1e-5, atol=1e-5)
+    assert (delta[:, N:] == 0).all() and (lse[:, N:] == float("inf")).all() and (dq_acc == 0).all()
+    assert (lse[:, 0] == float("inf")).all() and torch.equal(lse[:, 1:N], lse2.reshape(B * H, N)[:, 1:])
+    acc = torch.randn(B, H, N, d, generator=g).to(DEVICE)
+    # Triton's interpreter rounds fp32 to bf16 by truncation; the GPU, like PyTorch, to nearest even
+    for dtype in (torch.float16, torch.bfloat16) if DEVICE == "cuda" else (torch.float16,):
+        assert torch.equal(finish(acc, 0.125, dtype), (acc * 0.125).to(dtype))
+    with pytest.raises(ValueError, match="do and o must be contiguous"):
+        prepare(do.transpose(2, 3), o, lse2)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -50,11 +51,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
-from .backward import _preprocess_kernel
 from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_build, check_shapes,
                   compile_for_sm90, tensor_descriptor_type)
 
-__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "supported"]
+__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "finish", "prepare",
+           "supported"]
 
 BLOCK_M = 64  # Br: query rows per block; also the keys each consumer warpgroup owns (Bc = 2 Br)
 NUM_WARPS = 4  # the default partition: consumer 0
@@ -333,6 +334,59 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
+@triton.jit
+def _prepare_kernel(O, DO, LSE2, DELTA, LSE, DQ, N_Q, N_PAD, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Rows i0 + [0, BLOCK_M) of batch-head bh: D_i = rowsum(dO_i * O_i), L_i with +inf for a row
+    that saw no key, both padded to N_PAD (D = 0, L = +inf), and dQ_i's fp32 accumulator zeroed.
+    O, DO, DQ (B * H, N_Q, d) and LSE2 (B * H, N_Q) contiguous; DELTA, LSE (B * H, N_PAD)."""
+    i0 = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    rows = i0 + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    real = rows < N_Q
+    at = (bh * N_Q + rows[:, None]) * HEAD_D + tl.arange(0, HEAD_D)[None, :]  # (BLOCK_M, d)
+    o = tl.load(O + at, mask=real[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + at, mask=real[:, None], other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * N_PAD + rows, tl.sum(o * do, axis=1))  # D_i = rowsum(dO_i * O_i); 0 on padding
+    lse2 = tl.load(LSE2 + bh * N_Q + rows, mask=real, other=float("-inf"))
+    tl.store(LSE + bh * N_PAD + rows, tl.where(lse2 == float("-inf"), float("inf"), lse2))  # exp2(S - L) = 0
+    tl.store(DQ + at, tl.zeros([BLOCK_M, HEAD_D], tl.float32), mask=real[:, None])
+
+
+@triton.jit
+def _finish_kernel(DQ_ACC, DQ, numel, scale, BLOCK: tl.constexpr):
+    """dQ = scale * dQ_acc in dQ's precision, BLOCK elements a program."""
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.load(DQ_ACC + at, mask=at < numel)
+    tl.store(DQ + at, (acc * scale).to(DQ.dtype.element_ty), mask=at < numel)
+
+
+def prepare(do: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the kernel reads besides Q, K, V and dO, in one pass over dO and O: D (B * H, N_pad)
+    = rowsum(dO * O), L (B * H, N_pad) = lse2 with +inf for -inf, N_pad = N_q rounded up to Br
+    (D = 0 and L = +inf on the padding, so P = 0 there), and dQ's fp32 accumulator (B, H, N_q, d)
+    zeroed. do, o (B, H, N_q, d) and lse2 (B, H, N_q) contiguous."""
+    if do.shape != o.shape or lse2.shape != o.shape[:3] or not (do.is_contiguous() and o.is_contiguous()):
+        raise ValueError(f"do and o must be contiguous (B, H, N_q, d) and lse2 (B, H, N_q); got "
+                         f"{tuple(do.shape)}, {tuple(o.shape)}, {tuple(lse2.shape)}")
+    B, H, N_Q, D = o.shape
+    lse2 = lse2.contiguous()
+    n_pad = triton.cdiv(N_Q, BLOCK_M) * BLOCK_M
+    delta = torch.empty((B * H, n_pad), device=o.device, dtype=torch.float32)
+    lse = torch.empty((B * H, n_pad), device=o.device, dtype=torch.float32)
+    dq_acc = torch.empty(o.shape, device=o.device, dtype=torch.float32)
+    _prepare_kernel[(n_pad // BLOCK_M, B * H)](o, do, lse2, delta, lse, dq_acc, N_Q, n_pad, HEAD_D=D,
+                                               BLOCK_M=BLOCK_M)
+    return delta, lse, dq_acc
+
+
+def finish(dq_acc: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """dQ = scale * dQ_acc (any shape, fp32, contiguous) in ``dtype``, in one pass."""
+    dq = torch.empty(dq_acc.shape, device=dq_acc.device, dtype=dtype)
+    block = 4096
+    _finish_kernel[(triton.cdiv(dq_acc.numel(), block),)](dq_acc, dq, dq_acc.numel(), scale, BLOCK=block)
+    return dq
+
+
 def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
            lse2: torch.Tensor) -> None:
     for name, t in (("q", q), ("do", do), ("k", k), ("v", v), ("o", o)):
@@ -399,15 +453,8 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _check(do, q, k, v, o, lse2)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
-    n_pad = triton.cdiv(N_Q, BLOCK_M) * BLOCK_M
-    delta = torch.empty((B * H, N_Q), device=q.device, dtype=torch.float32)
-    _preprocess_kernel[(triton.cdiv(N_Q, 64), B * H)](  # D_i = rowsum(dO_i * O_i)
-        o, do, delta, o.stride(), do.stride(), H, N_Q, D_HEAD=D, BLOCK_D=D, BLOCK_M=64)
-    # padded rows: D = 0 and L = +inf, as is L of a row that saw no key, so exp2(S - L) = 0 there
-    delta = torch.nn.functional.pad(delta, (0, n_pad - N_Q))
-    lse = torch.nn.functional.pad(torch.where(lse2 == float("-inf"), float("inf"), lse2).view(B * H, N_Q),
-                                  (0, n_pad - N_Q), value=float("inf"))
-    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    delta, lse, dq_acc = prepare(do, o, lse2)
+    n_pad = lse.shape[1]
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     grid = (triton.cdiv(N_K, 2 * BLOCK_M), B * H)
@@ -423,7 +470,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta, dq_acc), dk, dv, N_Q, N_K, n_pad,
                                scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,
                                num_warps=NUM_WARPS, maxnreg=MAXNREG)
-    return (dq_acc * scale).to(q.dtype), dk, dv
+    return finish(dq_acc, scale, q.dtype), dk, dv
 
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, stamps: bool = False):
