@@ -375,3 +375,36 @@ def test_flash_attention_atomic_backward_is_the_gluon_one(causal, monkeypatch):
     for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
         err = (a.double() - r).abs().max().item()
         assert err <= 2 * (lo.double() - r).abs().max().item() + 1e-5, f"{name}: max error {err:.3e}"
+
+
+def _key_block_and_head(pid: int, key_blocks: int, heads: int, group: int) -> tuple[int, int]:
+    """fa3_backward._key_block_and_head restated in Python (Gluon has no CPU interpreter)."""
+    g = pid // (group * key_blocks)
+    within = pid - g * group * key_blocks
+    size = min(group, heads - g * group)
+    return within // size, g * group + within % size
+
+
+@pytest.mark.parametrize("key_blocks, heads, causal", [(32, 64, True), (128, 16, True), (1024, 16, True),
+                                                       (32, 64, False), (5, 7, True), (3, 10, True), (1, 3, True)])
+def test_programs_take_every_key_block_of_every_head_once_longest_first(key_blocks, heads, causal):
+    from flashlab.kernels.fa3_backward import head_group
+
+    group = head_group(key_blocks, heads, causal, sms=132)
+    assert 1 <= group <= heads and (causal or group == 1)
+    order = [_key_block_and_head(p, key_blocks, heads, group) for p in range(key_blocks * heads)]
+    assert sorted(order) == [(kb, h) for kb in range(key_blocks) for h in range(heads)]
+    # within each group of heads, key block 0 (causal: the longest) of every head comes first
+    for g0 in range(0, heads, group):
+        taken = [kb for kb, h in order if g0 <= h < g0 + group]
+        assert taken == sorted(taken)
+
+
+def test_head_group_fills_the_gpu_with_few_heads():
+    from flashlab.kernels.fa3_backward import head_group
+
+    assert head_group(32, 64, True, 132) == 8  # N = 4096: 8 heads x 32 key blocks >= 132 SMs
+    assert head_group(128, 16, True, 132) == 2
+    assert head_group(1024, 16, True, 132) == 1
+    assert head_group(32, 3, True, 132) == 3  # never more heads than there are
+    assert head_group(32, 64, False, 132) == 1

@@ -52,7 +52,7 @@ from .backward import _preprocess_kernel
 from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_shapes, compile_for_sm90,
                   tma, tensor_descriptor_type)
 
-__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "supported"]
+__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "head_group", "supported"]
 
 BLOCK_M = 64  # Br: query rows per block; also the keys each consumer warpgroup owns (Bc = 2 Br)
 NUM_WARPS = 4  # the default partition: consumer 0
@@ -89,6 +89,22 @@ def config(d: int) -> dict:
 
 
 @gluon.jit
+def _key_block_and_head(GROUP):
+    """Which key block and batch-head this program takes. Programs start in launch order (key
+    block fastest); the heads are taken GROUP at a time, and within a group all its heads' key
+    block 0 come first, then key block 1, and so on. Causal, key block 0 is the longest (every
+    query block sees it) and the last the shortest, so the last programs to start are short
+    ones and the GPU does not wait at the end for a long one started late. GROUP = 1 is the
+    launch order itself (non-causal: all programs are equally long)."""
+    n_kb = gl.num_programs(0)
+    pid = gl.program_id(0) + gl.program_id(1) * n_kb  # launch order
+    g = pid // (GROUP * n_kb)
+    within = pid - g * GROUP * n_kb
+    size = gl.minimum(GROUP, gl.num_programs(1) - g * GROUP)  # the last group may be smaller
+    return within // size, g * GROUP + within % size
+
+
+@gluon.jit
 def _first_query_block(j0, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
     """The first query block that sees a key of [j0, j0 + 2 Br): causal (bottom-right), query i
     sees key j iff j <= i + N_k - N_q, so rows below j0 - (N_k - N_q) see none of them."""
@@ -100,12 +116,12 @@ def _first_query_block(j0, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr
 
 @gluon.jit
 def _producer(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem, lse_smem,
-              delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              delta_smem, bars, N_Q, N_K, N_PAD, GROUP, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
               STAGES: gl.constexpr):
     """Load K_j, V_j once, then Q_i, dO_i, L_i and D_i of every query block into the ring."""
     kv_full, q_full, q_empty = bars
-    bh = gl.program_id(1)
-    j0 = gl.program_id(0) * 2 * BLOCK_M
+    kb, bh = _key_block_and_head(GROUP)
+    j0 = kb * 2 * BLOCK_M
     mbarrier.expect(kv_full, 2 * desc_k.block_type.nbytes)
     _tma_load(desc_k, [bh * N_K + j0, 0], kv_full, k_smem)
     _tma_load(desc_v, [bh * N_K + j0, 0], kv_full, v_smem)
@@ -245,7 +261,7 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
 
 @gluon.jit
 def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, bars,
-              ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
+              ds_bars, N_Q, N_K, qk_scale, scale, GROUP, CAUSAL: gl.constexpr, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Consumer warpgroup WG: keys j0 + WG Br + [0, Br) of the program's key block. STAMPS:
@@ -254,8 +270,8 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     # wgmma accumulators over the warpgroup's 128 threads: dK, dV (Br, d)
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
-    bh = gl.program_id(1)
-    j0 = gl.program_id(0) * 2 * BLOCK_M
+    kb, bh = _key_block_and_head(GROUP)
+    j0 = kb * 2 * BLOCK_M
     lo = _first_query_block(j0, N_Q, N_K, CAUSAL, BLOCK_M)
     n = gl.cdiv(N_Q, BLOCK_M) - lo  # query blocks to visit
     # the first n_masked of them hold a (key, query) pair that must not count: keys past N_k
@@ -266,7 +282,7 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     if j0 + 2 * BLOCK_M > N_K:
         n_masked = n
     smem = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
-    here = gl.program_id(0) + bh * gl.num_programs(0) == STAMP_AT
+    here = kb + bh * gl.num_programs(0) == STAMP_AT
     dk = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_full, 0)
@@ -283,9 +299,9 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     gl.store(DV + at, dv.to(DV.dtype.element_ty), mask=(krows < N_K)[:, None])
 
 
-@gluon.jit(do_not_specialize=["N_Q", "N_K", "N_PAD"])
+@gluon.jit(do_not_specialize=["N_Q", "N_K", "N_PAD", "GROUP"])
 def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, desc_dq, DK, DV, N_Q, N_K, N_PAD,
-                         qk_scale, scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                         qk_scale, scale, GROUP, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                          HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                          STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Grid (key blocks of 2 Br, B * H). Q, dO, K and V come as 2-D views (B * H * N, d) in
@@ -320,14 +336,24 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     ds_bars = (ds_ready, ds_free)
     gl.warp_specialize([
         (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
+                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, GROUP, CAUSAL, 0, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
+                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, GROUP, CAUSAL, 1, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-                     lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL, BLOCK_M, STAGES)),
+                     lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, GROUP, CAUSAL, BLOCK_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def head_group(key_blocks: int, heads: int, causal: bool, sms: int) -> int:
+    """How many batch-heads the programs take together (:func:`_key_block_and_head`): causal, the
+    smallest power of two whose key blocks fill the GPU's ``sms`` SMs (at most ``heads``), so
+    that programs run at once still share few heads' Q, dO and dQ in L2; non-causal, 1."""
+    group = 1
+    while causal and group * key_blocks < sms and group < heads:
+        group *= 2
+    return min(group, heads)
 
 
 def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -417,8 +443,9 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if not 0 <= stamp_at < grid[0] * grid[1]:
             raise ValueError(f"stamp_at must name one of the {grid[0] * grid[1]} programs; got {stamp_at}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
+    group = head_group(grid[0], grid[1], bool(causal), torch.cuda.get_device_properties(q.device).multi_processor_count)
     _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta, dq_acc), dk, dv, N_Q, N_K, n_pad,
-                               scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,
+                               scale * LOG2E, scale, group, CAUSAL=bool(causal), **config(D), **stamping,
                                num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return (dq_acc * scale).to(q.dtype), dk, dv
 
@@ -440,7 +467,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
                  "desc_delta": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
                  "desc_dq": f"tensordesc<fp32[1, {BLOCK_M}, 64],{DQ_SMEM_LAYOUT!r}>",
                  "DK": f"*{g}", "DV": f"*{g}",
-                 "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32",
+                 "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32", "GROUP": "i32",
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
     names = ("DK", "DV") + (("STAMP",) if stamps else ())
     pointers = tuple(_fa3_backward_kernel.arg_names.index(n) for n in names)
