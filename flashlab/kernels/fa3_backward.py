@@ -22,9 +22,9 @@ Each consumer w keeps dK_w and dV_w (64, d) in registers for the whole loop and,
                                                         TMA's reduce-add (line 15)
 
 dQ is split between the consumers: at d = 128 each computes 64 of its columns, at d = 64 they
-take query blocks in turn. Its tile goes from registers to shared memory, and one TMA instruction
-adds it to HBM while the warpgroup goes on (the adds happen in L2), so its bits depend on the
-order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`).
+take query blocks in turn. Its tile goes from registers to shared memory, and TMA adds it to HBM
+(two bulk reduce-adds, one per 32 columns, the width of the 128-byte swizzle) while the warpgroup
+goes on; the adds happen in L2, so its bits depend on the order in which programs arrive (``deterministic=False`` in :func:`flashlab.kernels.flash_attention`).
 P^T and dS^T need no trip through shared memory for dV and dK: S^T's accumulator, computed with
 the keys as rows, is already laid out as wgmma's register operand A. The scale is applied once at
 the end: dK = scale dS^T Q, dQ = scale dS K.
@@ -74,7 +74,7 @@ STAMP_PHASES = ("wait_q", "issue_s", "issue_dp", "wait_s", "exp", "issue_dv", "w
 STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1")
 # The fp32 dQ tile (1, Br, 64) in shared memory, in the layout TMA reads it with (128-byte swizzle):
-# written from the wgmma accumulator without bank conflicts.
+# each store from the wgmma accumulator costs at most one shared-memory wavefront beyond the fewest.
 DQ_SMEM_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, 64], gl.float32)
 # L_i and D_i arrive by TMA as rows of Br floats, unswizzled
 ROW_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -89,19 +89,14 @@ def config(d: int) -> dict:
 
 
 @gluon.jit
-def _key_block_and_head(GROUP):
-    """Which key block and batch-head this program takes. Programs start in launch order (key
-    block fastest); the heads are taken GROUP at a time, and within a group all its heads' key
-    block 0 come first, then key block 1, and so on. Causal, key block 0 is the longest (every
-    query block sees it) and the last the shortest, so the last programs to start are short
-    ones and the GPU does not wait at the end for a long one started late. GROUP = 1 is the
-    launch order itself (non-causal: all programs are equally long)."""
-    n_kb = gl.num_programs(0)
-    pid = gl.program_id(0) + gl.program_id(1) * n_kb  # launch order
-    g = pid // (GROUP * n_kb)
-    within = pid - g * GROUP * n_kb
-    size = gl.minimum(GROUP, gl.num_programs(1) - g * GROUP)  # the last group may be smaller
-    return within // size, g * GROUP + within % size
+def _key_block_and_head():
+    """Which key block and batch-head this program takes. The grid is (GROUP, key blocks,
+    heads / GROUP), and programs start in launch order, axis 0 fastest: the heads go GROUP at a
+    time, and within a group key block 0 of all its heads comes first, then key block 1, and so
+    on. Causal, key block 0 is the longest (every query block sees it) and the last the shortest,
+    so the last programs to start are short ones and the GPU does not wait at the end for a long
+    one started late (:func:`head_group`). GROUP = 1 is key block fastest, head by head."""
+    return gl.program_id(1), gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
 
 
 @gluon.jit
@@ -116,11 +111,11 @@ def _first_query_block(j0, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr
 
 @gluon.jit
 def _producer(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem, lse_smem,
-              delta_smem, bars, N_Q, N_K, N_PAD, GROUP, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
               STAGES: gl.constexpr):
     """Load K_j, V_j once, then Q_i, dO_i, L_i and D_i of every query block into the ring."""
     kv_full, q_full, q_empty = bars
-    kb, bh = _key_block_and_head(GROUP)
+    kb, bh = _key_block_and_head()
     j0 = kb * 2 * BLOCK_M
     mbarrier.expect(kv_full, 2 * desc_k.block_type.nbytes)
     _tma_load(desc_k, [bh * N_K + j0, 0], kv_full, k_smem)
@@ -261,7 +256,7 @@ def _step(t, lo, dk, dv, desc_dq, smem, q_full, q_empty, ds_bars, bh, j0, N_Q, N
 
 @gluon.jit
 def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, bars,
-              ds_bars, N_Q, N_K, qk_scale, scale, GROUP, CAUSAL: gl.constexpr, WG: gl.constexpr,
+              ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL: gl.constexpr, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
               STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
     """Consumer warpgroup WG: keys j0 + WG Br + [0, Br) of the program's key block. STAMPS:
@@ -270,7 +265,7 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     # wgmma accumulators over the warpgroup's 128 threads: dK, dV (Br, d)
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
-    kb, bh = _key_block_and_head(GROUP)
+    kb, bh = _key_block_and_head()
     j0 = kb * 2 * BLOCK_M
     lo = _first_query_block(j0, N_Q, N_K, CAUSAL, BLOCK_M)
     n = gl.cdiv(N_Q, BLOCK_M) - lo  # query blocks to visit
@@ -282,7 +277,7 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     if j0 + 2 * BLOCK_M > N_K:
         n_masked = n
     smem = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
-    here = kb + bh * gl.num_programs(0) == STAMP_AT
+    here = kb + bh * gl.num_programs(1) == STAMP_AT
     dk = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_full, 0)
@@ -299,12 +294,12 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     gl.store(DV + at, dv.to(DV.dtype.element_ty), mask=(krows < N_K)[:, None])
 
 
-@gluon.jit(do_not_specialize=["N_Q", "N_K", "N_PAD", "GROUP"])
+@gluon.jit(do_not_specialize=["N_Q", "N_K", "N_PAD"])
 def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, desc_dq, DK, DV, N_Q, N_K, N_PAD,
-                         qk_scale, scale, GROUP, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                         qk_scale, scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                          HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                          STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Grid (key blocks of 2 Br, B * H). Q, dO, K and V come as 2-D views (B * H * N, d) in
+    """Grid (GROUP, key blocks of 2 Br, B * H / GROUP): :func:`_key_block_and_head`. Q, dO, K and V come as 2-D views (B * H * N, d) in
     blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows past a head's N belong to the next head
     (or are zero past the end) and are masked. L and D (desc_lse, desc_delta) are (B * H, N_PAD)
     with N_PAD a multiple of Br, +inf and 0 on the padding. desc_dq is over an fp32 (B * H, N_q, d)
@@ -336,24 +331,25 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     ds_bars = (ds_ready, ds_free)
     gl.warp_specialize([
         (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, GROUP, CAUSAL, 0, BLOCK_M, HEAD_D,
+                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 0, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_consumer, (DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, GROUP, CAUSAL, 1, BLOCK_M, HEAD_D,
+                     dq_smem, bars, ds_bars, N_Q, N_K, qk_scale, scale, CAUSAL, 1, BLOCK_M, HEAD_D,
                      STAGES, STAMP, STAMP_AT, STAMPS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_smem, q_smem, do_smem,
-                     lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, GROUP, CAUSAL, BLOCK_M, STAGES)),
+                     lse_smem, delta_smem, bars, N_Q, N_K, N_PAD, CAUSAL, BLOCK_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def head_group(key_blocks: int, heads: int, causal: bool, sms: int) -> int:
-    """How many batch-heads the programs take together (:func:`_key_block_and_head`): causal, the
-    smallest power of two whose key blocks fill the GPU's ``sms`` SMs (at most ``heads``), so
-    that programs run at once still share few heads' Q, dO and dQ in L2; non-causal, 1."""
+    """How many batch-heads go together in launch order (:func:`_key_block_and_head`): causal, the
+    smallest power of two that divides ``heads`` and whose key blocks fill the GPU's ``sms`` SMs
+    (or the largest power of two dividing ``heads``, if none does), so that the programs running at
+    once still share few heads' Q, dO and dQ in L2; non-causal, 1."""
     group = 1
-    while causal and group * key_blocks < sms and group < heads:
+    while causal and group * key_blocks < sms and heads % (2 * group) == 0:
         group *= 2
-    return min(group, heads)
+    return group
 
 
 def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -433,19 +429,20 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    grid = (triton.cdiv(N_K, 2 * BLOCK_M), B * H)
+    key_blocks = triton.cdiv(N_K, 2 * BLOCK_M)
+    group = head_group(key_blocks, B * H, bool(causal), torch.cuda.get_device_properties(q.device).multi_processor_count)
+    grid = (group, key_blocks, B * H // group)
     stamping = {}
     if stamps is not None:
         want = (n_pad // BLOCK_M, len(STAMP_PHASES), 2, 2)
         if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
             raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
-        if not 0 <= stamp_at < grid[0] * grid[1]:
-            raise ValueError(f"stamp_at must name one of the {grid[0] * grid[1]} programs; got {stamp_at}")
+        if not 0 <= stamp_at < key_blocks * B * H:
+            raise ValueError(f"stamp_at must name one of the {key_blocks * B * H} programs; got {stamp_at}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
-    group = head_group(grid[0], grid[1], bool(causal), torch.cuda.get_device_properties(q.device).multi_processor_count)
     _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta, dq_acc), dk, dv, N_Q, N_K, n_pad,
-                               scale * LOG2E, scale, group, CAUSAL=bool(causal), **config(D), **stamping,
+                               scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,
                                num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return (dq_acc * scale).to(q.dtype), dk, dv
 
@@ -467,7 +464,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
                  "desc_delta": f"tensordesc<fp32[1, {BLOCK_M}],{ROW_LAYOUT!r}>",
                  "desc_dq": f"tensordesc<fp32[1, {BLOCK_M}, 64],{DQ_SMEM_LAYOUT!r}>",
                  "DK": f"*{g}", "DV": f"*{g}",
-                 "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32", "GROUP": "i32",
+                 "N_Q": "i32", "N_K": "i32", "N_PAD": "i32", "qk_scale": "fp32", "scale": "fp32",
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
     names = ("DK", "DV") + (("STAMP",) if stamps else ())
     pointers = tuple(_fa3_backward_kernel.arg_names.index(n) for n in names)
