@@ -303,11 +303,12 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
                          qk_scale, scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                          HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                          STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Grid (GROUP, key blocks of 2 Br, B * H / GROUP): :func:`_key_block_and_head`. Q, dO, K and V come as 2-D views (B * H * N, d) in
-    blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows past a head's N belong to the next head
-    (or are zero past the end) and are masked. L and D (desc_lse, desc_delta) are (B * H, N_PAD)
-    with N_PAD a multiple of Br, +inf and 0 on the padding. desc_dq is over an fp32 (B * H, N_q, d)
-    buffer that starts at zero, in blocks (1, Br, 64)."""
+    """Grid (GROUP, key blocks of 2 Br, B * H / GROUP): :func:`_key_block_and_head`. Q, dO, K and
+    V come as 2-D views (B * H * N, d) in blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows
+    past a head's N belong to the next head (or are zero past the end) and are masked. L and D
+    (desc_lse, desc_delta) are (B * H, N_PAD) with N_PAD a multiple of Br, +inf and 0 on the
+    padding (:func:`prepare`). desc_dq is over an fp32 (B * H, N_q, d) buffer that starts at
+    zero, in blocks (1, Br, 64)."""
     dtype: gl.constexpr = desc_q.dtype
     k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)  # K_j (2 Br, d)
     v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)  # V_j (2 Br, d)
@@ -480,7 +481,8 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     key_blocks = triton.cdiv(N_K, 2 * BLOCK_M)
-    group = head_group(key_blocks, B * H, bool(causal), torch.cuda.get_device_properties(q.device).multi_processor_count)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    group = head_group(key_blocks, B * H, bool(causal), sms)
     grid = (group, key_blocks, B * H // group)
     stamping = {}
     if stamps is not None:
