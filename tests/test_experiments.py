@@ -105,3 +105,12 @@ def test_backward_variants_ratios_read_cudnn_and_the_first_tree():
             {"tree": "new", "pass": "fwdbwd", "ms": 4.0, **shape}, {"tree": "new", "pass": "bwd", "ms": 2.0, **shape}]
     assert ratios(rows) == [{**shape, "tree": "main", "vs_cudnn": 0.8, "bwd_vs_first": 1.0},
                             {**shape, "tree": "new", "vs_cudnn": 1.0, "bwd_vs_first": 1.5}]
+
+
+def test_backward_variants_refuse_names_that_collide_and_zero_rounds(tmp_path):
+    from flashlab.lab.experiments.fa3_backward_variants import main
+
+    for argv in (["a/x", "b/x", "--out", str(tmp_path)], ["sdpa_cudnn", "--out", str(tmp_path)],
+                 ["a", "--rounds", "0", "--out", str(tmp_path)]):
+        with pytest.raises(ValueError, match="distinct names"):
+            main(argv)

@@ -410,33 +410,8 @@ def test_prepare_and_finish_match_pytorch(B, H, N, d):
     # Triton's interpreter rounds fp32 to bf16 by truncation; the GPU, like PyTorch, to nearest even
     for dtype in (torch.float16, torch.bfloat16) if DEVICE == "cuda" else (torch.float16,):
         assert torch.equal(finish(acc, 0.125, dtype), (acc * 0.125).to(dtype))
+    strided = torch.randn(B, H, N, 2 * d, generator=g).to(DEVICE, torch.bfloat16)[..., ::2]  # do's shape
     with pytest.raises(ValueError, match="do and o must be contiguous"):
-        prepare(do.transpose(2, 3), o, lse2)
-
-
-@pytest.mark.parametrize("key_blocks, heads, causal", [(32, 64, True), (128, 16, True), (1024, 16, True),
-                                                       (32, 64, False), (5, 6, True), (3, 10, True), (1, 3, True)])
-def test_programs_take_every_key_block_of_every_head_once_longest_first(key_blocks, heads, causal):
-    """The launch order of the grid (GROUP, key blocks, heads / GROUP), axis 0 fastest, read as
-    _key_block_and_head reads it: every (key block, head) once, and within each group of heads
-    key block 0 (causal: the longest) of all of them first."""
-    from flashlab.kernels.fa3_backward import head_group
-
-    group = head_group(key_blocks, heads, causal, sms=132)
-    assert heads % group == 0 and (causal or group == 1)
-    order = [(kb, z * group + x) for z in range(heads // group) for kb in range(key_blocks) for x in range(group)]
-    assert sorted(order) == [(kb, h) for kb in range(key_blocks) for h in range(heads)]
-    for g0 in range(0, heads, group):
-        taken = [kb for kb, h in order if g0 <= h < g0 + group]
-        assert taken == sorted(taken)
-
-
-def test_head_group_fills_the_gpu_with_few_heads():
-    from flashlab.kernels.fa3_backward import head_group
-
-    assert head_group(32, 64, True, 132) == 8  # N = 4096: 8 heads x 32 key blocks >= 132 SMs
-    assert head_group(128, 16, True, 132) == 2
-    assert head_group(1024, 16, True, 132) == 1
-    assert head_group(32, 12, True, 132) == 4  # only powers of two that divide the heads
-    assert head_group(32, 3, True, 132) == 1
-    assert head_group(32, 64, False, 132) == 1
+        prepare(strided, o, lse2)
+    with pytest.raises(ValueError, match="lse2 float32"):
+        prepare(do, o, lse2.double())

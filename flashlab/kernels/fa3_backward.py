@@ -54,8 +54,8 @@ from ._common import LOG2E
 from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_build, check_shapes,
                   compile_for_sm90, tensor_descriptor_type)
 
-__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "finish", "head_group",
-           "prepare", "supported"]
+__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "finish", "prepare",
+           "supported"]
 
 BLOCK_M = 64  # Br: query rows per block; also the keys each consumer warpgroup owns (Bc = 2 Br)
 NUM_WARPS = 4  # the default partition: consumer 0
@@ -93,17 +93,6 @@ def config(d: int) -> dict:
 
 
 @gluon.jit
-def _key_block_and_head():
-    """Which key block and batch-head this program takes. The grid is (GROUP, key blocks,
-    heads / GROUP), and programs start in launch order, axis 0 fastest: the heads go GROUP at a
-    time, and within a group key block 0 of all its heads comes first, then key block 1, and so
-    on. Causal, key block 0 is the longest (every query block sees it) and the last the shortest,
-    so the last programs to start are short ones and the GPU does not wait at the end for a long
-    one started late (:func:`head_group`). GROUP = 1 is key block fastest, head by head."""
-    return gl.program_id(1), gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
-
-
-@gluon.jit
 def _first_query_block(j0, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
     """The first query block that sees a key of [j0, j0 + 2 Br): causal (bottom-right), query i
     sees key j iff j <= i + N_k - N_q, so rows below j0 - (N_k - N_q) see none of them."""
@@ -119,8 +108,8 @@ def _producer(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, k_smem, v_s
               STAGES: gl.constexpr):
     """Load K_j, V_j once, then Q_i, dO_i, L_i and D_i of every query block into the ring."""
     kv_full, q_full, q_empty = bars
-    kb, bh = _key_block_and_head()
-    j0 = kb * 2 * BLOCK_M
+    bh = gl.program_id(1)
+    j0 = gl.program_id(0) * 2 * BLOCK_M
     mbarrier.expect(kv_full, 2 * desc_k.block_type.nbytes)
     _tma_load(desc_k, [bh * N_K + j0, 0], kv_full, k_smem)
     _tma_load(desc_v, [bh * N_K + j0, 0], kv_full, v_smem)
@@ -269,8 +258,8 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     # wgmma accumulators over the warpgroup's 128 threads: dK, dV (Br, d)
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
-    kb, bh = _key_block_and_head()
-    j0 = kb * 2 * BLOCK_M
+    bh = gl.program_id(1)
+    j0 = gl.program_id(0) * 2 * BLOCK_M
     lo = _first_query_block(j0, N_Q, N_K, CAUSAL, BLOCK_M)
     n = gl.cdiv(N_Q, BLOCK_M) - lo  # query blocks to visit
     # the first n_masked of them hold a (key, query) pair that must not count: keys past N_k
@@ -281,7 +270,7 @@ def _consumer(DK, DV, desc_dq, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_
     if j0 + 2 * BLOCK_M > N_K:
         n_masked = n
     smem = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem)
-    here = kb + bh * gl.num_programs(1) == STAMP_AT
+    here = gl.program_id(0) + bh * gl.num_programs(0) == STAMP_AT
     dk = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_M, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_full, 0)
@@ -303,12 +292,11 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
                          qk_scale, scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                          HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                          STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Grid (GROUP, key blocks of 2 Br, B * H / GROUP): :func:`_key_block_and_head`. Q, dO, K and
-    V come as 2-D views (B * H * N, d) in blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows
-    past a head's N belong to the next head (or are zero past the end) and are masked. L and D
-    (desc_lse, desc_delta) are (B * H, N_PAD) with N_PAD a multiple of Br, +inf and 0 on the
-    padding (:func:`prepare`). desc_dq is over an fp32 (B * H, N_q, d) buffer that starts at
-    zero, in blocks (1, Br, 64)."""
+    """Grid (key blocks of 2 Br, B * H). Q, dO, K and V come as 2-D views (B * H * N, d) in
+    blocks of Br rows (Q, dO) and 2 Br rows (K, V); rows past a head's N belong to the next head
+    (or are zero past the end) and are masked. L and D (desc_lse, desc_delta) are (B * H, N_PAD)
+    with N_PAD a multiple of Br, +inf and 0 on the padding. desc_dq is over an fp32 (B * H, N_q, d)
+    buffer that starts at zero, in blocks (1, Br, 64)."""
     dtype: gl.constexpr = desc_q.dtype
     k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)  # K_j (2 Br, d)
     v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)  # V_j (2 Br, d)
@@ -346,17 +334,6 @@ def _fa3_backward_kernel(desc_q, desc_do, desc_k, desc_v, desc_lse, desc_delta, 
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def head_group(key_blocks: int, heads: int, causal: bool, sms: int) -> int:
-    """How many batch-heads go together in launch order (:func:`_key_block_and_head`): causal, the
-    smallest power of two that divides ``heads`` and whose key blocks fill the GPU's ``sms`` SMs
-    (or the largest power of two dividing ``heads``, if none does), so that the programs running at
-    once still share few heads' Q, dO and dQ in L2; non-causal, 1."""
-    group = 1
-    while causal and group * key_blocks < sms and heads % (2 * group) == 0:
-        group *= 2
-    return group
-
-
 @triton.jit
 def _prepare_kernel(O, DO, LSE2, DELTA, LSE, DQ, N_Q, N_PAD, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """Rows i0 + [0, BLOCK_M) of batch-head bh: D_i = rowsum(dO_i * O_i), L_i with +inf for a row
@@ -391,6 +368,8 @@ def prepare(do: torch.Tensor, o: torch.Tensor, lse2: torch.Tensor) -> tuple[torc
     if do.shape != o.shape or lse2.shape != o.shape[:3] or not (do.is_contiguous() and o.is_contiguous()):
         raise ValueError(f"do and o must be contiguous (B, H, N_q, d) and lse2 (B, H, N_q); got "
                          f"{tuple(do.shape)}, {tuple(o.shape)}, {tuple(lse2.shape)}")
+    if o.shape[3] not in HEAD_DIMS or lse2.dtype != torch.float32:
+        raise ValueError(f"d must be one of {HEAD_DIMS} and lse2 float32; got d = {o.shape[3]}, {lse2.dtype}")
     B, H, N_Q, D = o.shape
     lse2 = lse2.contiguous()
     n_pad = triton.cdiv(N_Q, BLOCK_M) * BLOCK_M
@@ -480,18 +459,15 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     n_pad = lse.shape[1]
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    key_blocks = triton.cdiv(N_K, 2 * BLOCK_M)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    group = head_group(key_blocks, B * H, bool(causal), sms)
-    grid = (group, key_blocks, B * H // group)
+    grid = (triton.cdiv(N_K, 2 * BLOCK_M), B * H)
     stamping = {}
     if stamps is not None:
         want = (n_pad // BLOCK_M, len(STAMP_PHASES), 2, 2)
         if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
             raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
-        if not 0 <= stamp_at < key_blocks * B * H:
-            raise ValueError(f"stamp_at must name one of the {key_blocks * B * H} programs; got {stamp_at}")
+        if not 0 <= stamp_at < grid[0] * grid[1]:
+            raise ValueError(f"stamp_at must name one of the {grid[0] * grid[1]} programs; got {stamp_at}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
     _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta, dq_acc), dk, dv, N_Q, N_K, n_pad,
                                scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,

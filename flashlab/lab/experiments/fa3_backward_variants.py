@@ -12,15 +12,17 @@ the backward alone.
 For each shape, in rounds (each round takes every contender once, so a drift of the clocks
 falls on all of them alike): SDPA cuDNN's forward and forward + backward, and for each tree the
 Gluon forward + that tree's backward and that backward alone. Times are medians of do_bench,
-the record's values the medians over the rounds. Writes ``fa3_backward_variants_<gpu>.csv``
-(tree, shape, pass, ms, TFLOP/s, rounds' spread) and ``.json`` with the provenance and each
-tree's name.
+the record's values the medians over the rounds; each round starts one contender later than the
+last, so none always runs first. Writes ``fa3_backward_variants_<gpu>.csv``
+(tree, shape, pass, ms, TFLOP/s, rounds' spread) and ``.json`` with the provenance and the
+sha256 of each tree's ``fa3_backward.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import hashlib
 import importlib.util
 import statistics
 import sys
@@ -45,8 +47,8 @@ def load_backward(tree: Path) -> ModuleType:
     path = own / "fa3_backward.py"
     if not path.is_file():
         raise ValueError(f"tree must hold flashlab/kernels/fa3_backward.py; got {tree}")
-    differ = sorted(p.name for p in own.glob("*.py")
-                    if p.name != "fa3_backward.py" and not filecmp.cmp(p, KERNELS / p.name, shallow=False))
+    differ = sorted(p.name for p in own.glob("*.py") if p.name != "fa3_backward.py"
+                    and not ((KERNELS / p.name).is_file() and filecmp.cmp(p, KERNELS / p.name, shallow=False)))
     if differ:
         raise ValueError(f"tree {tree} must differ from this package in fa3_backward.py only; "
                          f"it differs in {differ}")
@@ -101,14 +103,20 @@ def main(argv: list[str] | None = None) -> list[Path]:
     p.add_argument("--shapes", choices=("bars", "quick"), default="bars")
     p.add_argument("--rounds", type=int, default=ROUNDS)
     args = p.parse_args(argv)
+    names = [t.name for t in args.trees]
+    if len(set(names)) != len(names) or {"sdpa_cudnn", "ceiling"} & set(names) or args.rounds < 1:
+        raise ValueError(f"trees must have distinct names other than sdpa_cudnn and ceiling, and rounds "
+                         f"must be at least 1; got {names}, rounds = {args.rounds}")
     require_gpu()
     backwards = {t.name: load_backward(t) for t in args.trees}
     matmul = [c for c in ceilings() if c["ceiling"].startswith("matmul")][0]
     rows: list[dict[str, object]] = [{"tree": "ceiling", "B": "", "H": "", "N": "", "d": "", "causal": "",
                                       "pass": matmul["ceiling"], "ms": round(matmul["ms"], 5),
                                       "tflops": round(matmul["value"] / 1e12, 1), "spread": ""}]
+    paths: list[Path] = []
     meta = provenance(" ".join([COMMAND + ".fa3_backward_variants", *(argv or sys.argv[1:])]))
-    meta["trees"] = [str(t) for t in args.trees]
+    meta["trees"] = {str(t): hashlib.sha256((t / "flashlab/kernels/fa3_backward.py").read_bytes()).hexdigest()
+                     for t in args.trees}  # each tree's backward, by the sha256 of its source
     for B, H, N, d, causal in shapes(args.shapes):
         q, k, v, do = _inputs(B, H, N, d)
         scale = d**-0.5
@@ -124,9 +132,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
             fns[(name, "fwdbwd")] = both
             fns[(name, "bwd")] = lambda m=m: m.backward(do, q, k, v, o, lse2, causal, scale)
         times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
-        for _ in range(args.rounds):
-            for key, fn in fns.items():
-                times[key].append(gpu_ms(fn))
+        order = list(fns)
+        for r in range(args.rounds):  # each round starts one contender later: none always runs first
+            for key in order[r % len(order):] + order[:r % len(order)]:
+                times[key].append(gpu_ms(fns[key]))
         flops = attention_flops(N, N, d, causal=causal, batch=B * H)
         for (name, pass_), ts in times.items():
             ms = statistics.median(ts)
