@@ -415,3 +415,5 @@ def test_prepare_and_finish_match_pytorch(B, H, N, d):
         prepare(strided, o, lse2)
     with pytest.raises(ValueError, match="lse2 float32"):
         prepare(do, o, lse2.double())
+    with pytest.raises(ValueError, match="d must be one of"):
+        prepare(do[..., :48].contiguous(), o[..., :48].contiguous(), lse2)
