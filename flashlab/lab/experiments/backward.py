@@ -33,6 +33,8 @@ from flashlab.reference.naive import attention_flops
 
 NS = (4096, 16384)
 LONG = (1, 16, 131072, 128)  # B, H, N, d: one 128k-token causal sequence
+# FLOPs of each pass in units of the forward's: the backward does 2.5 times its matmul work
+PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 # (Z, H, H_kv, N_q, N_k, d, causal): ragged lengths, N_q != N_k both ways, GQA
 CHECKS = [(2, 4, 4, 1024, 1024, 128, False), (2, 4, 4, 1024, 1024, 128, True), (1, 6, 2, 777, 1333, 128, True),
           (1, 4, 4, 1333, 777, 128, True), (3, 5, 5, 300, 301, 64, False), (1, 8, 1, 513, 2049, 64, True),
@@ -171,7 +173,7 @@ def speed(out: Path | None = None) -> list[dict[str, object]]:
                     print(f"{impl} {fwd_impl} {bwd_name} d={d} N={n} causal={causal}: {type(exc).__name__}: {exc}"[:300])
                     continue
             for pass_name, ms in times.items():
-                factor = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_name]
+                factor = PASS_FLOPS[pass_name]
                 row = {"impl": impl, "forward": fwd_impl or "", "backward": bwd_name or "", "d": d, "causal": causal,
                        "N": n, "B": B, "H": H, "pass": pass_name, "ms": round(ms, 5),
                        "tflops": round(factor * flops / (ms * 1e-3) / 1e12, 1)}

@@ -31,7 +31,7 @@ from types import ModuleType
 
 import torch
 
-from flashlab.lab.measure import paper_shape
+from flashlab.lab.experiments.backward import PASS_FLOPS, _qkv, _sdpa_cudnn, _shapes
 from flashlab.reference.naive import attention_flops
 
 __all__ = ["load_backward", "main", "ratios", "shapes"]
@@ -60,14 +60,10 @@ def load_backward(tree: Path) -> ModuleType:
     return module
 
 
-def shapes(which: str = "bars") -> list[tuple[int, int, int, int, bool]]:
-    """(B, H, N, d, causal): the bars' shapes (N = 16k and 4k at the papers' B x N = 16k tokens,
-    d = 128 and 64, causal and not, and one 128k-token causal sequence), or ``"quick"``: the
-    d = 128 ones at N = 16k non-causal and N = 4k causal."""
-    if which == "quick":
-        return [(*paper_shape(16384, 128), 16384, 128, False), (*paper_shape(4096, 128), 4096, 128, True)]
-    rows = [(*paper_shape(n, d), n, d, c) for n in (16384, 4096) for d in (128, 64) for c in (False, True)]
-    return rows + [(1, 16, 131072, 128, True)]
+def shapes() -> list[tuple[int, int, int, int, bool]]:
+    """(B, H, N, d, causal): the bars' shapes, those of ``backward_speed``
+    (:mod:`flashlab.lab.experiments.backward`)."""
+    return list(_shapes())
 
 
 def ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -85,22 +81,49 @@ def ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     return out
 
 
-def _inputs(B, H, N, d):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    return [torch.randn(B, H, N, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4)]
+def _time_shape(backwards: dict[str, ModuleType], B: int, H: int, N: int, d: int, causal: bool,
+                rounds: int) -> list[dict[str, object]]:
+    """Rows of one shape: cuDNN's forward and forward + backward, and each tree's forward +
+    backward and backward alone, medians over ``rounds`` rounds, each round starting one
+    contender later than the last, so none always runs first."""
+    from flashlab.kernels.fa3 import forward
+    from flashlab.lab.experiments import gpu_ms
+
+    q, k, v, do = _qkv(B, H, N, d)
+    scale = d**-0.5
+    o, lse2 = forward(q, k, v, causal, scale)
+    fns = dict(zip([("sdpa_cudnn", "fwd"), ("sdpa_cudnn", "fwdbwd")], _sdpa_cudnn(q, k, v, do, causal)))
+    for name, m in backwards.items():
+        def both(m=m):
+            o_, lse_ = forward(q, k, v, causal, scale)
+            return m.backward(do, q, k, v, o_, lse_, causal, scale)
+        fns[(name, "fwdbwd")] = both
+        fns[(name, "bwd")] = lambda m=m: m.backward(do, q, k, v, o, lse2, causal, scale)
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for key in order[r % len(order):] + order[:r % len(order)]:
+            times[key].append(gpu_ms(fns[key]))
+    flops = attention_flops(N, N, d, causal=causal, batch=B * H)
+    rows = []
+    for (name, pass_), ts in times.items():
+        ms = statistics.median(ts)
+        rows.append({"tree": name, "B": B, "H": H, "N": N, "d": d, "causal": causal, "pass": pass_,
+                     "ms": round(ms, 5), "tflops": round(PASS_FLOPS[pass_] * flops / (ms * 1e-3) / 1e12, 1),
+                     "spread": round((max(ts) - min(ts)) / ms, 4)})
+        print(rows[-1], flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    from flashlab.kernels.fa3 import forward
-    from flashlab.lab.bench import ceilings, fused_attention_torch
-    from flashlab.lab.experiments import COMMAND, gpu_ms, require_gpu
+    from flashlab.lab.bench import ceilings
+    from flashlab.lab.experiments import COMMAND, require_gpu
     from flashlab.lab.measure import gpu_tag, provenance
     from flashlab.lab.results import write
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trees", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--shapes", choices=("bars", "quick"), default="bars")
     p.add_argument("--rounds", type=int, default=ROUNDS)
     args = p.parse_args(argv)
     names = [t.name for t in args.trees]
@@ -117,35 +140,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     meta = provenance(" ".join([COMMAND + ".fa3_backward_variants", *(argv or sys.argv[1:])]))
     meta["trees"] = {str(t): hashlib.sha256((t / "flashlab/kernels/fa3_backward.py").read_bytes()).hexdigest()
                      for t in args.trees}  # each tree's backward, by the sha256 of its source
-    for B, H, N, d, causal in shapes(args.shapes):
-        q, k, v, do = _inputs(B, H, N, d)
-        scale = d**-0.5
-        o, lse2 = forward(q, k, v, causal, scale)
-        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-        fns = {("sdpa_cudnn", "fwd"): lambda: fused_attention_torch(qg, kg, vg, causal, "cudnn"),
-               ("sdpa_cudnn", "fwdbwd"): lambda: torch.autograd.grad(
-                   fused_attention_torch(qg, kg, vg, causal, "cudnn"), (qg, kg, vg), do)}
-        for name, m in backwards.items():
-            def both(m=m):
-                o_, lse_ = forward(q, k, v, causal, scale)
-                return m.backward(do, q, k, v, o_, lse_, causal, scale)
-            fns[(name, "fwdbwd")] = both
-            fns[(name, "bwd")] = lambda m=m: m.backward(do, q, k, v, o, lse2, causal, scale)
-        times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
-        order = list(fns)
-        for r in range(args.rounds):  # each round starts one contender later: none always runs first
-            for key in order[r % len(order):] + order[:r % len(order)]:
-                times[key].append(gpu_ms(fns[key]))
-        flops = attention_flops(N, N, d, causal=causal, batch=B * H)
-        for (name, pass_), ts in times.items():
-            ms = statistics.median(ts)
-            factor = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_]
-            row = {"tree": name, "B": B, "H": H, "N": N, "d": d, "causal": causal, "pass": pass_,
-                   "ms": round(ms, 5), "tflops": round(factor * flops / (ms * 1e-3) / 1e12, 1),
-                   "spread": round((max(ts) - min(ts)) / ms, 4)}
-            rows.append(row)
-            print(row, flush=True)
-        del q, k, v, do, o, lse2, qg, kg, vg, fns
+    for B, H, N, d, causal in shapes():
+        rows += _time_shape(backwards, B, H, N, d, causal, args.rounds)
         torch.cuda.empty_cache()
         paths = write(f"fa3_backward_variants_{gpu_tag()}", rows, meta, args.out)
     for r in ratios(rows):
