@@ -88,14 +88,16 @@ def _sass(cubin: bytes) -> str:
 
 def query_block_loops(sass: str) -> list[list[str]]:
     """The instructions of each query-block loop in ``sass``: the shortest backward branches whose
-    body holds the step's wgmmas (HGMMA, at least 4 k-steps each of S^T, dP^T, dV, dK)."""
+    body holds the step's wgmmas (HGMMA, at least 4 k-steps each of S^T, dP^T, dV, dK). A branch
+    whose span holds an EXIT is no loop: ptxas puts the retry paths of mbarrier waits past the
+    kernel's end, each jumping back into the code it came from."""
     ins = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = []
     for addr, op in ins:
         m = re.search(r"BRA (0x[0-9a-f]+)", op)
         if m and int(m.group(1), 16) < addr:
             body = [o for a, o in ins if int(m.group(1), 16) <= a <= addr]
-            if sum("HGMMA" in o for o in body) >= 16:
+            if sum("HGMMA" in o for o in body) >= 16 and not any(o.endswith("EXIT") for o in body):
                 loops.append(body)
     shortest = min((len(b) for b in loops), default=0)
     return [b for b in loops if len(b) < 1.5 * shortest]
