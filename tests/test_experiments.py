@@ -114,3 +114,23 @@ def test_backward_variants_refuse_names_that_collide_and_zero_rounds(tmp_path):
                  ["a", "--rounds", "0", "--out", str(tmp_path)]):
         with pytest.raises(ValueError, match="distinct names"):
             main(argv)
+
+
+def test_in_rounds_rotates_the_order_and_refuses_zero_rounds():
+    calls = []
+    fns = {name: (lambda name=name: name) for name in "abc"}
+    times = experiments.in_rounds(fns, 4, lambda fn: calls.append(fn()) or float(len(calls)))
+    assert calls == list("abc" "bca" "cab" "abc")  # each round starts one contender later
+    assert times == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
+    with pytest.raises(ValueError, match="rounds must be at least 1; got 0"):
+        experiments.in_rounds(fns, 0, lambda fn: 1.0)
+
+
+def test_switch_rows_take_medians_and_compare_with_the_default():
+    from flashlab.lab.experiments.fa3 import switch_rows
+
+    times = {"cudnn": [1.0, 3.0, 2.0], "pingpong_overlap": [2.0, 2.0, 2.5], "no_pingpong_no_overlap": [1.0, 1.6, 4.0]}
+    rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, True, flops=4e12)}
+    assert rows["no_pingpong_no_overlap"] == {"impl": "no_pingpong_no_overlap", "d": 64, "N": 4096, "causal": True,
+                                              "ms": 1.6, "tflops": 2500.0, "spread": 1.875, "vs_default": 1.25}
+    assert rows["pingpong_overlap"]["vs_default"] == 1.0 and rows["cudnn"]["spread"] == 1.0

@@ -23,7 +23,8 @@ import torch
 
 from flashlab.lab.measure import function_at, gpu_tag, isolated, precompile, provenance, time_ms
 
-__all__ = ["EXPERIMENTS", "isolated", "measure_case", "record", "gpu_ms", "precompile", "require_gpu", "run"]
+__all__ = ["EXPERIMENTS", "in_rounds", "isolated", "measure_case", "record", "gpu_ms", "precompile", "require_gpu",
+           "run"]
 
 COMMAND = "python -m flashlab.lab.experiments"
 
@@ -43,6 +44,7 @@ EXPERIMENTS: dict[str, str] = {
     "fa4": "flashlab.lab.experiments.fa4:run",
     "fa3timeline": "flashlab.lab.experiments.fa3_timeline:run",
     "fa3bwdtimeline": "flashlab.lab.experiments.fa3_backward_timeline:run",
+    "fa3switches": "flashlab.lab.experiments.fa3:switches",
     "backward_check": "flashlab.lab.experiments.backward:run_check",
     "backward_configs": "flashlab.lab.experiments.backward:run_configs",
     "backward_speed": "flashlab.lab.experiments.backward:run_speed",
@@ -57,6 +59,21 @@ def require_gpu() -> None:
 def gpu_ms(fn: Callable[[], object]) -> float:
     """Median milliseconds of ``fn`` on the GPU (triton.testing.do_bench)."""
     return time_ms(fn, "cuda")
+
+
+def in_rounds(fns: dict, rounds: int, timer: Callable[[Callable[[], object]], float] | None = None) -> dict:
+    """Time every contender of ``fns`` (key -> function) once a round, ``rounds`` rounds, each
+    round starting one contender later than the last, so that none always runs first and a drift
+    of the clocks falls on all alike. Returns key -> the list of its times (``timer``: gpu_ms)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1; got {rounds}")
+    timer = timer or gpu_ms
+    times: dict = {key: [] for key in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for key in order[r % len(order):] + order[:r % len(order)]:
+            times[key].append(timer(fns[key]))
+    return times
 
 
 def measure_case(row: dict[str, object], run: Callable[[], torch.Tensor], reference: Callable[[], torch.Tensor],

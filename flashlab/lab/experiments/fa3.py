@@ -26,6 +26,11 @@
    flashlab's bf16 forward, the Gluon bf16 forward and cuDNN (d = 128, N = 4096 ... 16384), and its
    RMSE on outlier inputs against the per-tensor-scaled baseline.
 
+5. Switches (:func:`switches`, ``python -m flashlab.lab.experiments fa3switches --out results``):
+   the forward with each setting of ``pingpong`` and ``overlap`` beside cuDNN, d = 64 and 128,
+   N = 4096 and 16384, causal and not, in :data:`SWITCH_ROUNDS` rotated rounds; writes
+   ``fa3_switches_<gpu>``.
+
 Writes ``fa3_correctness_<gpu>``, ``fa3_speed_<gpu>``, ``fa3_ablation_<gpu>``, ``fa3_fp8_<gpu>`` and
 ``fa3_fp8_rmse_<gpu>`` (.csv/.json) into ``--out`` (``--parts`` picks some) and prints tables. A
 case that fails is recorded with its error and the run goes on.
@@ -35,8 +40,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -47,7 +54,7 @@ from flashlab.reference import attention, attention_flops
 
 __all__ = ["ABLATION_SHAPES", "CASES", "FP8_CASES", "PAPER_ABLATION", "TOLERANCE", "ablation", "check_case",
            "fp8_check_case", "fp8_correctness", "fp8_race_check", "fp8_rmse", "fp8_speed", "main", "race_check",
-           "simulated", "speed", "torch_attention"]
+           "simulated", "speed", "switch_rows", "switches", "torch_attention"]
 
 # (B, H, N_q, N_k, d, causal, dtype): both dtypes and head dimensions, masked edges (N not a
 # multiple of 128), N_q != N_k both ways (bottom-right causal alignment; rows that see no key).
@@ -320,6 +327,51 @@ def _matmul_ceiling() -> float:
     a, b = (torch.randn(8192, 8192, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
     t = time_ms(lambda: a @ b, "cuda")
     return 2 * 8192**3 / (t * 1e-3) / 1e12
+
+
+SWITCH_ROUNDS = 5
+SWITCH_N = (4096, 16384)
+
+
+def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flops: float) -> list[dict[str, object]]:
+    """Rows of one shape of :func:`switches` from each contender's times over the rounds: median
+    ms, TFLOP/s, the rounds' spread (max - min) / median and the ratio to the default setting
+    (``pingpong=True, overlap=True``; above 1: faster than it)."""
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    rows = []
+    for name, ts in times.items():
+        ms = median[name]
+        rows.append({"impl": name, "d": d, "N": n, "causal": causal, "ms": round(ms, 5),
+                     "tflops": round(flops / (ms * 1e-3) / 1e12, 1), "spread": round((max(ts) - min(ts)) / ms, 4),
+                     "vs_default": round(median["pingpong_overlap"] / ms, 3)})
+    return rows
+
+
+def switches(out: str | Path) -> list[Path]:
+    """The forward under each schedule switch (module docstring, part 5), recorded under ``out``."""
+    from flashlab.lab.experiments import in_rounds, record, require_gpu
+    from flashlab.lab.experiments.backward import _qkv, _sdpa_cudnn
+
+    require_gpu()
+    rows: list[dict[str, object]] = []
+    for d in SPEED_D:
+        for n in SWITCH_N:
+            B, H = paper_shape(n, d)
+            q, k, v, do = _qkv(B, H, n, d)
+            for causal in (False, True):
+                fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0]}
+                for pingpong in (True, False):
+                    for overlap in (True, False):
+                        name = ("pingpong" if pingpong else "no_pingpong") + ("_overlap" if overlap else "_no_overlap")
+                        fns[name] = lambda p=pingpong, o=overlap, c=causal: forward(q, k, v, c, pingpong=p, overlap=o)
+                with torch.no_grad():
+                    times = in_rounds(fns, SWITCH_ROUNDS)
+                for row in switch_rows(times, d, n, causal, attention_flops(n, n, d, causal=causal, batch=B * H)):
+                    rows.append(row)
+                    print(_line(row), flush=True)
+            del q, k, v, do
+            torch.cuda.empty_cache()
+    return record("fa3_switches", rows, out)
 
 
 def ablation() -> list[dict[str, object]]:

@@ -87,7 +87,7 @@ def _time_shape(backwards: dict[str, ModuleType], B: int, H: int, N: int, d: int
     backward and backward alone, medians over ``rounds`` rounds, each round starting one
     contender later than the last, so none always runs first."""
     from flashlab.kernels.fa3 import forward
-    from flashlab.lab.experiments import gpu_ms
+    from flashlab.lab.experiments import in_rounds
 
     q, k, v, do = _qkv(B, H, N, d)
     scale = d**-0.5
@@ -99,11 +99,7 @@ def _time_shape(backwards: dict[str, ModuleType], B: int, H: int, N: int, d: int
             return m.backward(do, q, k, v, o_, lse_, causal, scale)
         fns[(name, "fwdbwd")] = both
         fns[(name, "bwd")] = lambda m=m: m.backward(do, q, k, v, o, lse2, causal, scale)
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in fns}
-    order = list(fns)
-    for r in range(rounds):
-        for key in order[r % len(order):] + order[:r % len(order)]:
-            times[key].append(gpu_ms(fns[key]))
+    times = in_rounds(fns, rounds)
     flops = attention_flops(N, N, d, causal=causal, batch=B * H)
     rows = []
     for (name, pass_), ts in times.items():
