@@ -122,8 +122,10 @@ def test_in_rounds_rotates_the_order_and_refuses_zero_rounds():
     times = experiments.in_rounds(fns, 4, lambda fn: calls.append(fn()) or float(len(calls)))
     assert calls == list("abc" "bca" "cab" "abc")  # each round starts one contender later
     assert times == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
-    with pytest.raises(ValueError, match="rounds must be at least 1; got 0"):
+    with pytest.raises(ValueError, match="rounds must be at least 1 and fns not empty; got 0 rounds, 3"):
         experiments.in_rounds(fns, 0, lambda fn: 1.0)
+    with pytest.raises(ValueError, match="got 2 rounds, 0 functions"):
+        experiments.in_rounds({}, 2, lambda fn: 1.0)
 
 
 def test_switch_rows_take_medians_and_compare_with_the_default():
@@ -134,3 +136,5 @@ def test_switch_rows_take_medians_and_compare_with_the_default():
     assert rows["no_pingpong_no_overlap"] == {"impl": "no_pingpong_no_overlap", "d": 64, "N": 4096, "causal": True,
                                               "ms": 1.6, "tflops": 2500.0, "spread": 1.875, "vs_default": 1.25}
     assert rows["pingpong_overlap"]["vs_default"] == 1.0 and rows["cudnn"]["spread"] == 1.0
+    with pytest.raises(ValueError, match="must hold the default setting 'pingpong_overlap'"):
+        switch_rows({"cudnn": [1.0]}, 64, 4096, True, flops=1.0)

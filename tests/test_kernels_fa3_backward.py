@@ -89,15 +89,15 @@ def _sass(cubin: bytes) -> str:
 def query_block_loops(sass: str) -> list[list[str]]:
     """The instructions of each query-block loop in ``sass``: the shortest backward branches whose
     body holds the step's wgmmas (HGMMA, at least 4 k-steps each of S^T, dP^T, dV, dK). A branch
-    whose span holds an EXIT is no loop: ptxas puts the retry paths of mbarrier waits past the
-    kernel's end, each jumping back into the code it came from."""
+    whose span holds the kernel's EXIT (not a predicated one) is no loop: ptxas puts the retry
+    paths of mbarrier waits past the kernel's end, each jumping back into the code it came from."""
     ins = [(int(a, 16), op.strip()) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = []
     for addr, op in ins:
         m = re.search(r"BRA (0x[0-9a-f]+)", op)
         if m and int(m.group(1), 16) < addr:
             body = [o for a, o in ins if int(m.group(1), 16) <= a <= addr]
-            if sum("HGMMA" in o for o in body) >= 16 and not any(o.endswith("EXIT") for o in body):
+            if sum("HGMMA" in o for o in body) >= 16 and "EXIT" not in body:
                 loops.append(body)
     shortest = min((len(b) for b in loops), default=0)
     return [b for b in loops if len(b) < 1.5 * shortest]
@@ -133,6 +133,16 @@ def test_query_block_loop_is_neither_spilled_nor_serialised(d, causal):
                     f"this build used {_builds()['triton']}")
     local = sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o)) for body in loops for o in body)
     assert local == 0, f"{local} local-memory accesses in the query-block loop"
+
+
+def test_loop_finder_skips_the_retry_paths_past_exit():
+    hgmma = "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0"
+    code = [(0x10 * k, hgmma) for k in range(1, 33)] + [(0x210, "BRA 0x10"),  # the query-block loop
+                                                          (0x220, "@P0 EXIT"), (0x230, "EXIT"),
+                                                          (0x240, "BRA 0x100")]  # a retry path jumping back
+    sass = "".join(f"/*{a:04x}*/ {op} ;\n" for a, op in code)
+    loops = query_block_loops(sass)
+    assert len(loops) == 1 and loops[0][-1] == "BRA 0x10" and len(loops[0]) == 33
 
 
 def test_serialisation_finder_finds_a_serialised_loop():

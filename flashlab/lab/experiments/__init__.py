@@ -15,16 +15,19 @@ measured in the same process, one after the other.
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Hashable, TypeVar
 
 import torch
 
 from flashlab.lab.measure import function_at, gpu_tag, isolated, precompile, provenance, time_ms
 
 __all__ = ["EXPERIMENTS", "in_rounds", "isolated", "measure_case", "record", "gpu_ms", "precompile", "require_gpu",
-           "run"]
+           "round_summary", "run"]
+
+K = TypeVar("K", bound=Hashable)
 
 COMMAND = "python -m flashlab.lab.experiments"
 
@@ -61,19 +64,28 @@ def gpu_ms(fn: Callable[[], object]) -> float:
     return time_ms(fn, "cuda")
 
 
-def in_rounds(fns: dict, rounds: int, timer: Callable[[Callable[[], object]], float] | None = None) -> dict:
+def in_rounds(fns: dict[K, Callable[[], object]], rounds: int,
+              timer: Callable[[Callable[[], object]], float] | None = None) -> dict[K, list[float]]:
     """Time every contender of ``fns`` (key -> function) once a round, ``rounds`` rounds, each
     round starting one contender later than the last, so that none always runs first and a drift
     of the clocks falls on all alike. Returns key -> the list of its times (``timer``: gpu_ms)."""
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1; got {rounds}")
+    if rounds < 1 or not fns:
+        raise ValueError(f"rounds must be at least 1 and fns not empty; got {rounds} rounds, {len(fns)} functions")
     timer = timer or gpu_ms
-    times: dict = {key: [] for key in fns}
+    times: dict[K, list[float]] = {key: [] for key in fns}
     order = list(fns)
     for r in range(rounds):
         for key in order[r % len(order):] + order[:r % len(order)]:
             times[key].append(timer(fns[key]))
     return times
+
+
+def round_summary(times: list[float], flops: float) -> dict[str, float]:
+    """One contender's times over the rounds (ms) as the record's columns: the median (ms), its
+    TFLOP/s for ``flops`` floating-point operations, and the rounds' spread (max - min) / median."""
+    ms = statistics.median(times)
+    return {"ms": round(ms, 5), "tflops": round(flops / (ms * 1e-3) / 1e12, 1),
+            "spread": round((max(times) - min(times)) / ms, 4)}
 
 
 def measure_case(row: dict[str, object], run: Callable[[], torch.Tensor], reference: Callable[[], torch.Tensor],

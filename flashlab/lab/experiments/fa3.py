@@ -54,7 +54,7 @@ from flashlab.reference import attention, attention_flops
 
 __all__ = ["ABLATION_SHAPES", "CASES", "FP8_CASES", "PAPER_ABLATION", "TOLERANCE", "ablation", "check_case",
            "fp8_check_case", "fp8_correctness", "fp8_race_check", "fp8_rmse", "fp8_speed", "main", "race_check",
-           "simulated", "speed", "switch_rows", "switches", "torch_attention"]
+           "simulated", "speed", "switch_name", "switch_rows", "switches", "torch_attention"]
 
 # (B, H, N_q, N_k, d, causal, dtype): both dtypes and head dimensions, masked edges (N not a
 # multiple of 128), N_q != N_k both ways (bottom-right causal alignment; rows that see no key).
@@ -333,22 +333,37 @@ SWITCH_ROUNDS = 5
 SWITCH_N = (4096, 16384)
 
 
+def switch_name(pingpong: bool, overlap: bool) -> str:
+    """The record's name for a setting of :func:`flashlab.kernels.fa3.forward`'s two switches."""
+    return ("pingpong" if pingpong else "no_pingpong") + ("_overlap" if overlap else "_no_overlap")
+
+
+DEFAULT_SWITCHES = switch_name(True, True)  # forward()'s defaults
+
+
 def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flops: float) -> list[dict[str, object]]:
-    """Rows of one shape of :func:`switches` from each contender's times over the rounds: median
-    ms, TFLOP/s, the rounds' spread (max - min) / median and the ratio to the default setting
-    (``pingpong=True, overlap=True``; above 1: faster than it)."""
-    median = {name: statistics.median(ts) for name, ts in times.items()}
+    """Rows of one shape of :func:`switches` from each contender's times over the rounds
+    (:func:`~flashlab.lab.experiments.round_summary`), with the ratio of the default setting's
+    median to each (``vs_default``; above 1: faster than it). ``times`` must hold
+    :data:`DEFAULT_SWITCHES`."""
+    from flashlab.lab.experiments import round_summary
+
+    if DEFAULT_SWITCHES not in times:
+        raise ValueError(f"times must hold the default setting {DEFAULT_SWITCHES!r}; got {sorted(times)}")
+    default_ms = statistics.median(times[DEFAULT_SWITCHES])
     rows = []
     for name, ts in times.items():
-        ms = median[name]
-        rows.append({"impl": name, "d": d, "N": n, "causal": causal, "ms": round(ms, 5),
-                     "tflops": round(flops / (ms * 1e-3) / 1e12, 1), "spread": round((max(ts) - min(ts)) / ms, 4),
-                     "vs_default": round(median["pingpong_overlap"] / ms, 3)})
+        summary = round_summary(ts, flops)
+        rows.append({"impl": name, "d": d, "N": n, "causal": causal, **summary,
+                     "vs_default": round(default_ms / statistics.median(ts), 3)})
     return rows
 
 
 def switches(out: str | Path) -> list[Path]:
-    """The forward under each schedule switch (module docstring, part 5), recorded under ``out``."""
+    """The forward under each schedule switch (module docstring, part 5), recorded under ``out``.
+    :func:`ablation` times the schedules of the lab's variant kernel at the paper's shape; this
+    times the switches of the kernel the package runs, :func:`flashlab.kernels.fa3.forward`, at
+    the bench's shapes, where a change of its defaults would be decided."""
     from flashlab.lab.experiments import in_rounds, record, require_gpu
     from flashlab.lab.experiments.backward import _qkv, _sdpa_cudnn
 
@@ -362,8 +377,8 @@ def switches(out: str | Path) -> list[Path]:
                 fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0]}
                 for pingpong in (True, False):
                     for overlap in (True, False):
-                        name = ("pingpong" if pingpong else "no_pingpong") + ("_overlap" if overlap else "_no_overlap")
-                        fns[name] = lambda p=pingpong, o=overlap, c=causal: forward(q, k, v, c, pingpong=p, overlap=o)
+                        fns[switch_name(pingpong, overlap)] = (
+                            lambda p=pingpong, o=overlap, c=causal: forward(q, k, v, c, pingpong=p, overlap=o))
                 with torch.no_grad():
                     times = in_rounds(fns, SWITCH_ROUNDS)
                 for row in switch_rows(times, d, n, causal, attention_flops(n, n, d, causal=causal, batch=B * H)):

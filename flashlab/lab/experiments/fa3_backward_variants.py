@@ -24,7 +24,6 @@ import argparse
 import filecmp
 import hashlib
 import importlib.util
-import statistics
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -87,7 +86,7 @@ def _time_shape(backwards: dict[str, ModuleType], B: int, H: int, N: int, d: int
     backward and backward alone, medians over ``rounds`` rounds, each round starting one
     contender later than the last, so none always runs first."""
     from flashlab.kernels.fa3 import forward
-    from flashlab.lab.experiments import in_rounds
+    from flashlab.lab.experiments import in_rounds, round_summary
 
     q, k, v, do = _qkv(B, H, N, d)
     scale = d**-0.5
@@ -103,10 +102,8 @@ def _time_shape(backwards: dict[str, ModuleType], B: int, H: int, N: int, d: int
     flops = attention_flops(N, N, d, causal=causal, batch=B * H)
     rows = []
     for (name, pass_), ts in times.items():
-        ms = statistics.median(ts)
         rows.append({"tree": name, "B": B, "H": H, "N": N, "d": d, "causal": causal, "pass": pass_,
-                     "ms": round(ms, 5), "tflops": round(PASS_FLOPS[pass_] * flops / (ms * 1e-3) / 1e12, 1),
-                     "spread": round((max(ts) - min(ts)) / ms, 4)})
+                     **round_summary(ts, PASS_FLOPS[pass_] * flops)})
         print(rows[-1], flush=True)
     return rows
 

@@ -1,5 +1,7 @@
-"""Run 11's probe: the passes around the Gluon backward timed alone, one tile's stamps at N = 4k
-and 16k (d = 128), and the forward at d = 64 under each schedule switch beside cuDNN.
+"""Run 11's probe, archived as it ran: the passes around the Gluon backward timed alone, one
+tile's stamps at N = 4k and 16k (d = 128), and the forward at d = 64 under each schedule switch
+beside cuDNN. (Its rotated rounds are now flashlab.lab.experiments.in_rounds, and its forward
+part the experiment fa3switches.)
 
     PYTHONPATH=. python results/fa3_backward/run11/probe_run11.py OUT_DIR
 
