@@ -103,14 +103,17 @@ def test_backward_variants_ratios_read_cudnn_and_the_first_tree():
             {"tree": "sdpa_cudnn", "pass": "fwdbwd", "ms": 4.0, **shape},
             {"tree": "main", "pass": "fwdbwd", "ms": 5.0, **shape}, {"tree": "main", "pass": "bwd", "ms": 3.0, **shape},
             {"tree": "new", "pass": "fwdbwd", "ms": 4.0, **shape}, {"tree": "new", "pass": "bwd", "ms": 2.0, **shape}]
-    assert ratios(rows) == [{**shape, "tree": "main", "vs_cudnn": 0.8, "bwd_vs_first": 1.0},
-                            {**shape, "tree": "new", "vs_cudnn": 1.0, "bwd_vs_first": 1.5}]
+    assert ratios(rows) == [{**shape, "tree": "main", "vs_cudnn": 0.8, "bwd_vs_first": 1.0, "pair_excess": ""},
+                            {**shape, "tree": "new", "vs_cudnn": 1.0, "bwd_vs_first": 1.5, "pair_excess": ""}]
+    rows.append({"tree": "gluon_forward", "pass": "fwd", "ms": 1.5, **shape})  # the shared forward, alone
+    assert [r["pair_excess"] for r in ratios(rows)] == [0.1, 0.125]  # (5 - 1.5 - 3) / 5, (4 - 1.5 - 2) / 4
 
 
 def test_backward_variants_refuse_names_that_collide_and_zero_rounds(tmp_path):
     from flashlab.lab.experiments.fa3_backward_variants import main
 
     for argv in (["a/x", "b/x", "--out", str(tmp_path)], ["sdpa_cudnn", "--out", str(tmp_path)],
+                 ["x/gluon_forward", "--out", str(tmp_path)],
                  ["a", "--rounds", "0", "--out", str(tmp_path)]):
         with pytest.raises(ValueError, match="distinct names"):
             main(argv)

@@ -10,8 +10,9 @@ whose other kernel files differ from this package's is refused: the comparison w
 the backward alone.
 
 For each shape, in rounds (each round takes every contender once, so a drift of the clocks
-falls on all of them alike): SDPA cuDNN's forward and forward + backward, and for each tree the
-Gluon forward + that tree's backward and that backward alone. Times are medians of do_bench,
+falls on all of them alike): SDPA cuDNN's forward and forward + backward, the Gluon forward
+alone (``gluon_forward``), and for each tree the Gluon forward + that tree's backward and that
+backward alone. Times are medians of do_bench,
 the record's values the medians over the rounds; each round starts one contender later than the
 last, so none always runs first. Writes ``fa3_backward_variants_<gpu>.csv``
 (tree, shape, pass, ms, TFLOP/s, rounds' spread) and ``.json`` with the provenance and the
@@ -37,6 +38,8 @@ __all__ = ["load_backward", "main", "ratios", "shapes"]
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 ROUNDS = 3
+FORWARD = "gluon_forward"  # the record's name for the Gluon forward every tree shares, timed alone
+RESERVED = ("ceiling", "sdpa_cudnn", FORWARD)  # names no tree may take
 
 
 def load_backward(tree: Path) -> ModuleType:
@@ -67,23 +70,29 @@ def shapes() -> list[tuple[int, int, int, int, bool]]:
 
 def ratios(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     """For each shape and tree of a record's rows: cuDNN's forward + backward time over the tree's
-    (above 1: the tree is faster) and the first tree's backward time over this tree's."""
+    (above 1: the tree is faster), the first tree's backward time over this tree's, and, where
+    the shared Gluon forward was timed alone (:data:`FORWARD`), how much longer the tree's
+    forward + backward took than the forward and the backward timed apart (``pair_excess``, a
+    fraction of the forward + backward; "" without it)."""
     out = []
     shape = lambda r: (r["B"], r["H"], r["N"], r["d"], r["causal"])  # noqa: E731
     ms = {(r["tree"], shape(r), r["pass"]): float(r["ms"]) for r in rows if r["tree"] != "ceiling"}
-    trees = list(dict.fromkeys(r["tree"] for r in rows if r["tree"] not in ("ceiling", "sdpa_cudnn")))
+    trees = list(dict.fromkeys(r["tree"] for r in rows if r["tree"] not in RESERVED))
     for key in dict.fromkeys(shape(r) for r in rows if r["tree"] != "ceiling"):
         for tree in trees:
+            both, bwd = ms[(tree, key, "fwdbwd")], ms[(tree, key, "bwd")]
+            fwd = ms.get((FORWARD, key, "fwd"))
             out.append({"B": key[0], "H": key[1], "N": key[2], "d": key[3], "causal": key[4], "tree": tree,
-                        "vs_cudnn": round(ms[("sdpa_cudnn", key, "fwdbwd")] / ms[(tree, key, "fwdbwd")], 3),
-                        "bwd_vs_first": round(ms[(trees[0], key, "bwd")] / ms[(tree, key, "bwd")], 3)})
+                        "vs_cudnn": round(ms[("sdpa_cudnn", key, "fwdbwd")] / both, 3),
+                        "bwd_vs_first": round(ms[(trees[0], key, "bwd")] / bwd, 3),
+                        "pair_excess": "" if fwd is None else round((both - fwd - bwd) / both, 3)})
     return out
 
 
 def _time_shape(backwards: dict[str, ModuleType], B: int, H: int, N: int, d: int, causal: bool,
                 rounds: int) -> list[dict[str, object]]:
-    """Rows of one shape: cuDNN's forward and forward + backward, and each tree's forward +
-    backward and backward alone, medians over ``rounds`` rounds, each round starting one
+    """Rows of one shape: cuDNN's forward and forward + backward, the shared Gluon forward alone,
+    and each tree's forward + backward and backward alone, medians over ``rounds`` rounds, each round starting one
     contender later than the last, so none always runs first."""
     from flashlab.kernels.fa3 import forward
     from flashlab.lab.experiments import in_rounds, round_summary
@@ -92,6 +101,7 @@ def _time_shape(backwards: dict[str, ModuleType], B: int, H: int, N: int, d: int
     scale = d**-0.5
     o, lse2 = forward(q, k, v, causal, scale)
     fns = dict(zip([("sdpa_cudnn", "fwd"), ("sdpa_cudnn", "fwdbwd")], _sdpa_cudnn(q, k, v, do, causal)))
+    fns[(FORWARD, "fwd")] = lambda: forward(q, k, v, causal, scale)
     for name, m in backwards.items():
         def both(m=m):
             o_, lse_ = forward(q, k, v, causal, scale)
@@ -120,8 +130,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     p.add_argument("--rounds", type=int, default=ROUNDS)
     args = p.parse_args(argv)
     names = [t.name for t in args.trees]
-    if len(set(names)) != len(names) or {"sdpa_cudnn", "ceiling"} & set(names) or args.rounds < 1:
-        raise ValueError(f"trees must have distinct names other than sdpa_cudnn and ceiling, and rounds "
+    if len(set(names)) != len(names) or set(RESERVED) & set(names) or args.rounds < 1:
+        raise ValueError(f"trees must have distinct names other than {', '.join(RESERVED)}, and rounds "
                          f"must be at least 1; got {names}, rounds = {args.rounds}")
     require_gpu()
     backwards = {t.name: load_backward(t) for t in args.trees}
