@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -350,13 +349,10 @@ def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flo
 
     if DEFAULT_SWITCHES not in times:
         raise ValueError(f"times must hold the default setting {DEFAULT_SWITCHES!r}; got {sorted(times)}")
-    default_ms = statistics.median(times[DEFAULT_SWITCHES])
-    rows = []
-    for name, ts in times.items():
-        summary = round_summary(ts, flops)
-        rows.append({"impl": name, "d": d, "N": n, "causal": causal, **summary,
-                     "vs_default": round(default_ms / statistics.median(ts), 3)})
-    return rows
+    summaries = {name: round_summary(ts, flops) for name, ts in times.items()}
+    default_ms = summaries[DEFAULT_SWITCHES]["ms"]
+    return [{"impl": name, "d": d, "N": n, "causal": causal, **summary,
+             "vs_default": round(default_ms / summary["ms"], 3)} for name, summary in summaries.items()]
 
 
 def switches(out: str | Path) -> list[Path]:
