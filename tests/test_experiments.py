@@ -135,9 +135,23 @@ def test_switch_rows_take_medians_and_compare_with_the_default():
     from flashlab.lab.experiments.fa3 import switch_rows
 
     times = {"cudnn": [1.0, 3.0, 2.0], "pingpong_overlap": [2.0, 2.0, 2.5], "no_pingpong_no_overlap": [1.0, 1.6, 4.0]}
-    rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, True, flops=4e12)}
-    assert rows["no_pingpong_no_overlap"] == {"impl": "no_pingpong_no_overlap", "d": 64, "N": 4096, "causal": True,
+    rows = {r["impl"]: r for r in switch_rows(times, 128, 4096, True, flops=4e12)}
+    assert rows["no_pingpong_no_overlap"] == {"impl": "no_pingpong_no_overlap", "d": 128, "N": 4096, "causal": True,
                                               "ms": 1.6, "tflops": 2500.0, "spread": 1.875, "vs_default": 1.25}
     assert rows["pingpong_overlap"]["vs_default"] == 1.0 and rows["cudnn"]["spread"] == 1.0
-    with pytest.raises(ValueError, match="must hold the default setting 'pingpong_overlap'"):
-        switch_rows({"cudnn": [1.0]}, 64, 4096, True, flops=1.0)
+    # at d = 64 the default is both switches off (flashlab.kernels.fa3.SWITCHES)
+    rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, True, flops=4e12)}
+    assert rows["no_pingpong_no_overlap"]["vs_default"] == 1.0 and rows["pingpong_overlap"]["vs_default"] == 0.8
+    with pytest.raises(ValueError, match="must hold the default setting 'pingpong_overlap' of d = 128"):
+        switch_rows({"cudnn": [1.0]}, 128, 4096, True, flops=1.0)
+    with pytest.raises(ValueError, match="'no_pingpong_no_overlap' of d = 64"):
+        switch_rows({"cudnn": [1.0], "pingpong_overlap": [1.0]}, 64, 4096, True, flops=1.0)
+
+
+def test_forward_switches_default_per_head_dimension():
+    from flashlab.kernels import fa3
+
+    assert fa3.switches(128) == (True, True) and fa3.switches(64) == (False, False)
+    assert fa3.switches(64, pingpong=True) == (True, False) and fa3.switches(128, overlap=False) == (True, False)
+    with pytest.raises(ValueError, match=r"d must be one of \(64, 128\); got 96"):
+        fa3.switches(96)

@@ -11,6 +11,7 @@ reads the compiled code for FA3's structure (§3.1-3.2):
 - the GEMMs: ``wgmma`` for S = Q K^T from shared memory and O += P V with P from registers;
 - intra-warpgroup overlap: ``wgmma.wait_group 1`` (S is ready while P V may still run);
 - ping-pong: the turn barriers add waits that the ``pingpong=False`` build does not have;
+- the default build of each head dimension follows ``fa3.SWITCHES`` (both on at d = 128, off at 64);
 - persistence: one program per SM takes tiles in turn, and O leaves through shared memory by a
   TMA store (``cp.async.bulk.tensor`` to global) that runs while the next tile begins;
 - no register spills in the key-block loop and shared memory within the 227 KB of a CTA.
@@ -62,8 +63,10 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3.compile_sm90(getattr(torch, dtype), d, causal, stamps=True)
         elif isinstance(pingpong, str):  # an ablation schedule
             k = fa3_schedules.compile_sm90(pingpong, getattr(torch, dtype), d, causal)
+        elif pingpong is None:  # what forward runs by default (fa3.SWITCHES)
+            k = fa3.compile_sm90(getattr(torch, dtype), d, causal)
         else:
-            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, pingpong)
+            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, pingpong, overlap=True)
         out[key] = {"ptx": k.asm["ptx"], "ttgir": k.asm["ttgir"], "cubin": base64.b64encode(k.asm["cubin"]).decode(),
                     "num_warps": k.metadata.num_warps, "shared": k.metadata.shared}
     except Exception as exc:
@@ -84,13 +87,14 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
+    wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
     run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True,
                          env=sm90_build_env(), timeout=600, cwd=Path(__file__).parent.parent)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool | str = True):
+def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool | str | None = True):
     import base64
     from types import SimpleNamespace
 
@@ -283,6 +287,27 @@ def test_config_fits_shared_memory():
 
 
 # --------------------------------------------------------------- the ablation's schedules, compiled
+@pytest.mark.parametrize("d", fa3.HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_build_follows_the_switches(d, causal):
+    """What forward runs by default (fa3.SWITCHES): at d = 128 the overlap's wait for S alone
+    and the turn barriers; at d = 64 neither. Partitions and register budgets either way, and no
+    spills beyond the persistent tile loop's few stack bytes (the key-block loop finder needs the
+    overlap's wait, so at d = 64 only the stack and local-memory totals are read)."""
+    pingpong, overlap = fa3.SWITCHES[d]
+    k = _compiled(torch.bfloat16, d, causal, None)
+    full = _compiled(torch.bfloat16, d, causal, True)
+    ptx = k.asm["ptx"]
+    assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
+    assert (ptx.count("mbarrier.try_wait") == full.asm["ptx"].count("mbarrier.try_wait")) == pingpong
+    assert "ttg.warp_specialize" in k.asm["ttgir"] and "setmaxnreg" in ptx
+    usage = _resource_usage(k.asm["cubin"])
+    if overlap:
+        _no_spills_in_the_loop(k.asm["cubin"])
+    elif usage:
+        assert int(re.search(r"STACK:(\d+) ", usage).group(1)) <= 64 and re.search(r"LOCAL:0 ", usage), usage
+
+
 def test_no_overlap_waits_for_both_gemms():
     """overlap=False: no wgmma.wait_group 1 (S is never awaited while P V runs); partitions kept."""
     k = _compiled(torch.bfloat16, 128, False, "no_overlap")
@@ -417,9 +442,10 @@ def test_matches_float64_reference(case):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("case", experiment.CASES[1:3] + experiment.CASES[6:7], ids=str)
-def test_without_pingpong_matches_too(case):
-    row = experiment.check_case(*case, pingpong=False)
+@pytest.mark.parametrize("case", experiment.CASES[1:3] + experiment.CASES[6:8], ids=str)
+def test_the_other_pingpong_setting_matches_too(case):
+    """Ping-pong off at d = 128 and on at d = 64, the settings forward does not take by default."""
+    row = experiment.check_case(*case, pingpong=not fa3.switches(case[4])[0])
     assert row["ok"], f"{case}: {row}"
 
 

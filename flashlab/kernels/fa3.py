@@ -17,7 +17,9 @@ issue their GEMMs in turn, so one warpgroup's softmax runs while the other's GEM
 tensor cores. Intra-warpgroup overlap (§3.2, Algorithm 2): S_next = Q_i K_j^T is issued
 asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while P_cur V_{j-1}
 is still on the tensor cores. The epilogue writes O through shared memory with one TMA store,
-which runs on while the warpgroup starts its next tile.
+which runs on while the warpgroup starts its next tile. Both schedules run at d = 128; at d = 64,
+where the loop is bound by instruction issue rather than by the tensor cores, both are off by
+default (:data:`SWITCHES`).
 
 Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
 P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
@@ -59,8 +61,8 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
 # TMA shared -> global add: global[coord + block] += shared, by bulk reduce-adds, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
-__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "check_build", "check_shapes", "compile_for_sm90", "compile_sm90",
-           "config", "fa3_forward", "forward", "supported", "tensor_descriptor_type"]
+__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "SWITCHES", "check_build", "check_shapes", "compile_for_sm90",
+           "compile_sm90", "config", "fa3_forward", "forward", "supported", "switches", "tensor_descriptor_type"]
 
 GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -87,6 +89,26 @@ STAMP_PHASES = ("wait_k", "wait_turn", "issue_s", "rescale", "wait_v", "issue_pv
  _LOAD_Q, _WAIT_SLOT_K, _LOAD_K, _WAIT_SLOT_V, _LOAD_V, _DONE) = (gl.constexpr(p) for p in range(len(STAMP_PHASES)))
 STAMP_SLOTS = gl.constexpr(len(STAMP_PHASES))
 STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _stamp
+
+
+# The schedule each head dimension runs by default: (ping-pong, intra-warpgroup overlap).
+# For a pair of key blocks (one for each consumer) an SM's tensor cores take 8 Br Bc d / 4096
+# cycles (4096 bf16 flops a cycle) and its exp unit 2 Br Bc / 16 cycles (16 exp2 a cycle).
+# At d = 128 that is 2048 against 1024: ordering the GEMMs hides the softmax behind the other
+# warpgroup's GEMMs. At d = 64 it is 1024 against 1024, so neither unit can hide the other,
+# and the turn barriers only add waits: both switches off was the fastest at every d = 64
+# shape of results/fa3_backward/run12 (3-5 %).
+SWITCHES = {64: (False, False), 128: (True, True)}
+
+
+def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None) -> tuple[bool, bool]:
+    """(pingpong, overlap) for head dimension ``d``: each as given, or :data:`SWITCHES`' default
+    for ``d`` where it is None."""
+    if d not in SWITCHES:
+        raise ValueError(f"d must be one of {tuple(SWITCHES)}; got {d}")
+    default_pingpong, default_overlap = SWITCHES[d]
+    return (default_pingpong if pingpong is None else bool(pingpong),
+            default_overlap if overlap is None else bool(overlap))
 
 
 def config(d: int) -> dict:
@@ -584,13 +606,14 @@ def schedule(n_tiles: int, causal: bool, sm_count: int) -> tuple[int, int]:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
-            *, pingpong: bool = True, overlap: bool = True, out: torch.Tensor | None = None,
+            *, pingpong: bool | None = None, overlap: bool | None = None, out: torch.Tensor | None = None,
             stamps: torch.Tensor | None = None, stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; the convention of :func:`flashlab.kernels.forward.forward`.
 
     q (B, H, N_q, d), k and v (B, H, N_k, d), contiguous, bf16 or fp16, d in HEAD_DIMS, on sm_90.
     ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
-    S before each softmax with no GEMM in flight (the ablations); ``out`` is a (B, H, N_q, d)
+    S before each softmax with no GEMM in flight; None takes the head dimension's default
+    (:data:`SWITCHES`: both on at d = 128, both off at d = 64); ``out`` is a (B, H, N_q, d)
     buffer to write O into (tests fill it with NaN first). ``stamps``: build with time stamps
     (STAMPS=True) and let tile ``stamp_at`` (query tile + batch-head * query tiles per head,
     :func:`_tile`) write them into this int64
@@ -606,6 +629,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                          f"got {o.dtype} {tuple(o.shape)} on {o.device}")
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
+    pingpong, overlap = switches(D, pingpong, overlap)
     n_programs, deal = programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     grid = (n_programs,)
     stamping = {}
@@ -616,13 +640,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
     _fa3_kernel[grid](*_descriptors(q, k, v, o), o, lse2, N_Q, N_K, B * H, deal, scale * LOG2E,  # scale * log2(e)
-                      CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
-                      **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG)
+                      CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, **c, **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return o, lse2
 
 
 def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                scale: float | None = None, *, pingpong: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                scale: float | None = None, *, pingpong: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention o = softmax(scale * q k^T (+ causal mask)) v by FlashAttention-3's forward.
 
     Parameters
@@ -632,7 +655,8 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     causal : mask keys after the query, aligned bottom-right when N_q != N_k
         (query i sees key j iff j <= i + N_k - N_q); a row that sees no key gives 0.
     scale : multiplies q k^T; default 1/sqrt(d)
-    pingpong : order the two consumer warpgroups' GEMMs (FA3 §3.1); False is the ablation
+    pingpong : order the two consumer warpgroups' GEMMs (FA3 §3.1); None: the head dimension's
+        default (:data:`SWITCHES`), on at d = 128
 
     Returns
     -------
@@ -676,16 +700,18 @@ def compile_for_sm90(kernel, signature: dict[str, str], constexprs: dict[str, ob
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, pingpong: bool = True,
-                 overlap: bool = True, stamps: bool = False):
+def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False,
+                 pingpong: bool | None = None, overlap: bool | None = None, stamps: bool = False):
     """Compile the kernel for sm_90 without a GPU, with the argument types :func:`forward` launches
     it with, and return Triton's CompiledKernel (``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
     ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled. ``stamps``: the
-    build with time stamps (STAMPS=True, an int64 STAMP buffer; :func:`_stamp`)."""
+    build with time stamps (STAMPS=True, an int64 STAMP buffer; :func:`_stamp`). ``pingpong`` and
+    ``overlap`` as :func:`forward` takes them (None: :data:`SWITCHES`' default for ``d``)."""
     check_build(dtype, d)
     c = config(d)
     gl_dtype = _GL_DTYPES[dtype]
-    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), OVERLAP=bool(overlap), **c,
+    pingpong, overlap = switches(d, pingpong, overlap)
+    constexprs = dict(CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, **c,
                       STAMP_AT=0, STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
     signature = {"desc_q": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
                  "desc_k": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),

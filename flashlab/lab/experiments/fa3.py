@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from flashlab.kernels._common import LN2
-from flashlab.kernels.fa3 import fa3_forward, forward
+from flashlab.kernels.fa3 import fa3_forward, forward, switches as default_switches
 from flashlab.lab.measure import gpu_slug, isolated, paper_shape, provenance, time_ms
 from flashlab.reference import attention, attention_flops
 
@@ -97,8 +97,9 @@ def _inputs(shape_q: tuple[int, ...], shape_k: tuple[int, ...], dtype: torch.dty
     return q, k, v
 
 
-def _run(q, k, v, causal: bool, pingpong: bool, schedule: str | None, out=None):
-    """(o, lse2) of the teaching kernel, or of an ablation schedule (fa3_schedules) when named."""
+def _run(q, k, v, causal: bool, pingpong: bool | None, schedule: str | None, out=None):
+    """(o, lse2) of the teaching kernel (``pingpong`` None: the head dimension's default), or of
+    an ablation schedule (fa3_schedules) when named."""
     if schedule is None:
         return forward(q, k, v, causal, pingpong=pingpong, out=out)
     from flashlab.lab.variants.fa3_schedules import forward as scheduled
@@ -107,9 +108,10 @@ def _run(q, k, v, causal: bool, pingpong: bool, schedule: str | None, out=None):
 
 
 def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype,
-               seed: int = 0, pingpong: bool = True, schedule: str | None = None) -> dict[str, object]:
+               seed: int = 0, pingpong: bool | None = None, schedule: str | None = None) -> dict[str, object]:
     """One correctness case on the GPU: errors of o and lse and their bounds, and ``ok``
-    (``schedule``: one of fa3_schedules.SCHEDULES instead of the teaching kernel)."""
+    (``pingpong`` None: the head dimension's default, :data:`flashlab.kernels.fa3.SWITCHES`;
+    ``schedule``: one of fa3_schedules.SCHEDULES instead of the teaching kernel)."""
     q, k, v = _inputs((B, H, n_q, d), (B, H, n_k, d), dtype, seed)
     o_ref, lse_ref = attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal=causal,
                                return_lse=True)
@@ -135,7 +137,7 @@ def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: 
 
 
 def race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
-               dtype: torch.dtype = torch.bfloat16, pingpong: bool = True,
+               dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None,
                schedule: str | None = None) -> dict[str, object]:
     """The same inputs twice give bit-identical o and lse; a NaN-filled output buffer is fully
     overwritten (every tile, every warpgroup, the ragged last one included)."""
@@ -229,16 +231,17 @@ def _table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def smoke(pingpong: bool) -> dict[str, object]:
+def smoke(pingpong: bool | None) -> dict[str, object]:
     """One small causal case: does the kernel finish (no barrier left waiting) and agree?"""
     return check_case(1, 2, 300, 300, 128, True, torch.bfloat16, pingpong=pingpong)
 
 
-def correctness(pingpong: bool = True) -> list[dict[str, object]]:
-    """Every case of :data:`CASES`, then the race check at d = 128 and 64: one row each."""
+def correctness(pingpong: bool | None = None) -> list[dict[str, object]]:
+    """Every case of :data:`CASES`, then the race check at d = 128 and 64: one row each
+    (``pingpong`` None: each head dimension's default, which the rows name)."""
     rows = []
     for B, H, n_q, n_k, d, causal, dtype in CASES:
-        row: dict[str, object] = {"case": "attention", "pingpong": pingpong, "B": B, "H": H, "N_q": n_q, "N_k": n_k,
+        row: dict[str, object] = {"case": "attention", "pingpong": default_switches(d, pingpong)[0], "B": B, "H": H, "N_q": n_q, "N_k": n_k,
                                   "d": d, "causal": causal, "dtype": str(dtype).removeprefix("torch.")}
         print("start", _line(row), flush=True)  # a case that hangs is the last one started
         try:
@@ -249,7 +252,7 @@ def correctness(pingpong: bool = True) -> list[dict[str, object]]:
         rows.append(row)
         print(_line(row), flush=True)
     for d in (128, 64):
-        row = {"case": "race", "pingpong": pingpong, "B": 2, "H": 4, "N_q": 1531, "N_k": 1531, "d": d, "causal": True,
+        row = {"case": "race", "pingpong": default_switches(d, pingpong)[0], "B": 2, "H": 4, "N_q": 1531, "N_k": 1531, "d": d, "causal": True,
                "dtype": "bfloat16"}
         print("start", _line(row), flush=True)
         try:
@@ -337,20 +340,24 @@ def switch_name(pingpong: bool, overlap: bool) -> str:
     return ("pingpong" if pingpong else "no_pingpong") + ("_overlap" if overlap else "_no_overlap")
 
 
-DEFAULT_SWITCHES = switch_name(True, True)  # forward()'s defaults
+def default_switch_name(d: int) -> str:
+    """The record's name for what :func:`flashlab.kernels.fa3.forward` runs at head dimension ``d``
+    by default (:data:`flashlab.kernels.fa3.SWITCHES`)."""
+    return switch_name(*default_switches(d))
 
 
 def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flops: float) -> list[dict[str, object]]:
     """Rows of one shape of :func:`switches` from each contender's times over the rounds
     (:func:`~flashlab.lab.experiments.round_summary`), with the ratio of the default setting's
-    median to each (``vs_default``; above 1: faster than it). ``times`` must hold
-    :data:`DEFAULT_SWITCHES`."""
+    median to each (``vs_default``; above 1: faster than it). ``times`` must hold the default
+    setting of head dimension ``d`` (:func:`default_switch_name`)."""
     from flashlab.lab.experiments import round_summary
 
-    if DEFAULT_SWITCHES not in times:
-        raise ValueError(f"times must hold the default setting {DEFAULT_SWITCHES!r}; got {sorted(times)}")
+    default = default_switch_name(d)
+    if default not in times:
+        raise ValueError(f"times must hold the default setting {default!r} of d = {d}; got {sorted(times)}")
     summaries = {name: round_summary(ts, flops) for name, ts in times.items()}
-    default_ms = summaries[DEFAULT_SWITCHES]["ms"]
+    default_ms = summaries[default]["ms"]
     return [{"impl": name, "d": d, "N": n, "causal": causal, **summary,
              "vs_default": round(default_ms / summary["ms"], 3)} for name, summary in summaries.items()]
 
