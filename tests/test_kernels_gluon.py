@@ -61,6 +61,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal)
         elif pingpong == "stamps":  # the build with time stamps
             k = fa3.compile_sm90(getattr(torch, dtype), d, causal, stamps=True)
+        elif pingpong == "best":  # the fastest setting measured (fa3.MEASURED_BEST)
+            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, *fa3.MEASURED_BEST[d])
         elif isinstance(pingpong, str):  # an ablation schedule
             k = fa3_schedules.compile_sm90(pingpong, getattr(torch, dtype), d, causal)
         elif pingpong is None:  # what forward runs by default (fa3.SWITCHES)
@@ -87,7 +89,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
-    wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
+    wanted += [("bfloat16", d, c, s) for d in fa3.HEAD_DIMS for c in (False, True) for s in (None, "best")]
     run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True,
                          env=sm90_build_env(), timeout=600, cwd=Path(__file__).parent.parent)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -289,13 +291,15 @@ def test_config_fits_shared_memory():
 # --------------------------------------------------------------- the ablation's schedules, compiled
 @pytest.mark.parametrize("d", fa3.HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_default_build_follows_the_switches(d, causal):
-    """What forward runs by default (fa3.SWITCHES): at d = 128 the overlap's wait for S alone
-    and the turn barriers; at d = 64 neither. Partitions and register budgets either way, and no
-    spills beyond the persistent tile loop's few stack bytes (the key-block loop finder needs the
-    overlap's wait, so at d = 64 only the stack and local-memory totals are read)."""
-    pingpong, overlap = fa3.SWITCHES[d]
-    k = _compiled(torch.bfloat16, d, causal, None)
+@pytest.mark.parametrize("table", ["SWITCHES", "MEASURED_BEST"])
+def test_default_build_follows_the_switches(table, d, causal):
+    """What forward runs by default (fa3.SWITCHES), and the fastest setting measured
+    (fa3.MEASURED_BEST, both off at d = 64): the overlap's wait for S alone and the turn barriers
+    exactly when the switches say so. Partitions and register budgets either way, and no spills
+    beyond the persistent tile loop's few stack bytes (the key-block loop finder needs the
+    overlap's wait, so without it only the stack and local-memory totals are read)."""
+    pingpong, overlap = getattr(fa3, table)[d]
+    k = _compiled(torch.bfloat16, d, causal, None if table == "SWITCHES" else "best")
     full = _compiled(torch.bfloat16, d, causal, True)
     ptx = k.asm["ptx"]
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
@@ -447,6 +451,20 @@ def test_the_other_pingpong_setting_matches_too(case):
     """Ping-pong off at d = 128 and on at d = 64, the settings forward does not take by default."""
     row = experiment.check_case(*case, pingpong=not fa3.switches(case[4])[0])
     assert row["ok"], f"{case}: {row}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("case", [c for c in experiment.CASES if c[4] == 64], ids=str)
+def test_measured_best_schedule_matches(case):
+    """fa3.MEASURED_BEST at d = 64 (both switches off; run 12 timed it fastest): against the
+    float64 reference and race-free, before it may become the default (fa3.SWITCHES)."""
+    pingpong, overlap = fa3.MEASURED_BEST[64]
+    row = experiment.check_case(*case, pingpong=pingpong, overlap=overlap)
+    assert row["ok"], f"{case}: {row}"
+    race = experiment.race_check(d=64, causal=case[5], pingpong=pingpong, overlap=overlap)
+    assert race["identical"] and race["nan_overwritten"], race
 
 
 @pytest.mark.gpu

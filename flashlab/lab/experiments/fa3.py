@@ -97,30 +97,33 @@ def _inputs(shape_q: tuple[int, ...], shape_k: tuple[int, ...], dtype: torch.dty
     return q, k, v
 
 
-def _run(q, k, v, causal: bool, pingpong: bool | None, schedule: str | None, out=None):
-    """(o, lse2) of the teaching kernel (``pingpong`` None: the head dimension's default), or of
-    an ablation schedule (fa3_schedules) when named."""
+def _run(q, k, v, causal: bool, pingpong: bool | None, schedule: str | None, out=None,
+         overlap: bool | None = None):
+    """(o, lse2) of the teaching kernel (``pingpong``, ``overlap`` None: the head dimension's
+    default), or of an ablation schedule (fa3_schedules) when named."""
     if schedule is None:
-        return forward(q, k, v, causal, pingpong=pingpong, out=out)
+        return forward(q, k, v, causal, pingpong=pingpong, overlap=overlap, out=out)
     from flashlab.lab.variants.fa3_schedules import forward as scheduled
 
     return scheduled(q, k, v, causal, schedule=schedule, out=out)
 
 
 def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype,
-               seed: int = 0, pingpong: bool | None = None, schedule: str | None = None) -> dict[str, object]:
+               seed: int = 0, pingpong: bool | None = None, schedule: str | None = None,
+               overlap: bool | None = None) -> dict[str, object]:
     """One correctness case on the GPU: errors of o and lse and their bounds, and ``ok``
     (``pingpong`` None: the head dimension's default, :data:`flashlab.kernels.fa3.SWITCHES`;
-    ``schedule``: one of fa3_schedules.SCHEDULES instead of the teaching kernel)."""
+    ``schedule``: one of fa3_schedules.SCHEDULES instead of the teaching kernel; ``overlap``: the
+    teaching kernel's other switch, None for the default)."""
     q, k, v = _inputs((B, H, n_q, d), (B, H, n_k, d), dtype, seed)
     o_ref, lse_ref = attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal=causal,
                                return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
     qc, kc, vc = (t.cuda() for t in (q, k, v))
-    if schedule is None:
+    if schedule is None and overlap is None:
         o, lse = fa3_forward(qc, kc, vc, causal=causal, pingpong=pingpong)
     else:
-        o, lse2 = _run(qc, kc, vc, causal, pingpong, schedule)
+        o, lse2 = _run(qc, kc, vc, causal, pingpong, schedule, overlap=overlap)
         lse = lse2 * LN2
     base = torch_attention(qc, kc, vc, causal)
     err = (o.double().cpu() - o_ref).abs().max().item()
@@ -138,13 +141,13 @@ def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: 
 
 def race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
                dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None,
-               schedule: str | None = None) -> dict[str, object]:
+               schedule: str | None = None, overlap: bool | None = None) -> dict[str, object]:
     """The same inputs twice give bit-identical o and lse; a NaN-filled output buffer is fully
     overwritten (every tile, every warpgroup, the ragged last one included)."""
     q, k, v = (t.cuda() for t in _inputs((B, H, n, d), (B, H, n, d), dtype, 1))
-    o1, lse1 = _run(q, k, v, causal, pingpong, schedule)
+    o1, lse1 = _run(q, k, v, causal, pingpong, schedule, overlap=overlap)
     poisoned = torch.full_like(q, float("nan"))
-    o2, lse2 = _run(q, k, v, causal, pingpong, schedule, out=poisoned)
+    o2, lse2 = _run(q, k, v, causal, pingpong, schedule, out=poisoned, overlap=overlap)
     identical = bool(torch.equal(o1, o2)) and bool(torch.equal(lse1, lse2))
     overwritten = not bool(torch.isnan(o2).any())
     return {"identical": identical, "nan_overwritten": overwritten, "ok": identical and overwritten}
