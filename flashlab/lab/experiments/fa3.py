@@ -47,7 +47,8 @@ from pathlib import Path
 import torch
 
 from flashlab.kernels._common import LN2
-from flashlab.kernels.fa3 import fa3_forward, forward, switches as default_switches
+from flashlab.kernels.fa3 import fa3_forward, forward
+from flashlab.kernels.fa3 import switches as default_switches
 from flashlab.lab.measure import gpu_slug, isolated, paper_shape, provenance, time_ms
 from flashlab.reference import attention, attention_flops
 
