@@ -61,8 +61,9 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal)
         elif pingpong == "stamps":  # the build with time stamps
             k = fa3.compile_sm90(getattr(torch, dtype), d, causal, stamps=True)
-        elif pingpong == "best":  # the fastest setting measured (fa3.MEASURED_BEST)
-            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, *fa3.MEASURED_BEST[d])
+        elif isinstance(pingpong, str) and pingpong.startswith("switches"):  # "switches-P-O": pingpong P, overlap O (0 or 1)
+            _, p, o = pingpong.split("-")
+            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, p == "1", o == "1")
         elif isinstance(pingpong, str):  # an ablation schedule
             k = fa3_schedules.compile_sm90(pingpong, getattr(torch, dtype), d, causal)
         elif pingpong is None:  # what forward runs by default (fa3.SWITCHES)
@@ -89,11 +90,18 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
-    wanted += [("bfloat16", d, c, s) for d in fa3.HEAD_DIMS for c in (False, True) for s in (None, "best")]
+    wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
+    wanted += [("bfloat16", d, c, _switch_key(p, o)) for d in fa3.HEAD_DIMS for c in (False, True)
+               for p in (False, True) for o in (False, True)]
     run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True,
                          env=sm90_build_env(), timeout=600, cwd=Path(__file__).parent.parent)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _switch_key(pingpong: bool, overlap: bool) -> str:
+    """The build key of fa3.compile_sm90 with these two switches."""
+    return f"switches-{int(pingpong)}-{int(overlap)}"
 
 
 def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool | str | None = True):
@@ -299,12 +307,15 @@ def test_default_build_follows_the_switches(table, d, causal):
     beyond the persistent tile loop's few stack bytes (the key-block loop finder needs the
     overlap's wait, so without it only the stack and local-memory totals are read)."""
     pingpong, overlap = getattr(fa3, table)[d]
-    k = _compiled(torch.bfloat16, d, causal, None if table == "SWITCHES" else "best")
-    full = _compiled(torch.bfloat16, d, causal, True)
+    k = _compiled(torch.bfloat16, d, causal, None if table == "SWITCHES" else _switch_key(pingpong, overlap))
+    flipped = _compiled(torch.bfloat16, d, causal, _switch_key(not pingpong, overlap))  # ping-pong the other way
     ptx = k.asm["ptx"]
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
-    assert (ptx.count("mbarrier.try_wait") == full.asm["ptx"].count("mbarrier.try_wait")) == pingpong
-    assert "ttg.warp_specialize" in k.asm["ttgir"] and "setmaxnreg" in ptx
+    waits = ptx.count("mbarrier.try_wait"), flipped.asm["ptx"].count("mbarrier.try_wait")
+    assert (waits[0] > waits[1]) == pingpong and waits[0] != waits[1], waits  # the turn barriers' waits
+    assert "ttg.warp_specialize" in k.asm["ttgir"]
+    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
     usage = _resource_usage(k.asm["cubin"])
     if overlap:
         _no_spills_in_the_loop(k.asm["cubin"])
@@ -448,7 +459,7 @@ def test_matches_float64_reference(case):
 @needs_hopper
 @pytest.mark.parametrize("case", experiment.CASES[1:3] + experiment.CASES[6:8], ids=str)
 def test_the_other_pingpong_setting_matches_too(case):
-    """Ping-pong off at d = 128 and on at d = 64, the settings forward does not take by default."""
+    """Ping-pong the other way from each head dimension's default (fa3.SWITCHES)."""
     row = experiment.check_case(*case, pingpong=not fa3.switches(case[4])[0])
     assert row["ok"], f"{case}: {row}"
 

@@ -17,8 +17,9 @@ issue their GEMMs in turn, so one warpgroup's softmax runs while the other's GEM
 tensor cores. Intra-warpgroup overlap (§3.2, Algorithm 2): S_next = Q_i K_j^T is issued
 asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while P_cur V_{j-1}
 is still on the tensor cores. The epilogue writes O through shared memory with one TMA store,
-which runs on while the warpgroup starts its next tile. Both schedules run by default; at d = 64,
-where the tensor cores and the exp unit need equal time, both off was faster (:data:`SWITCHES`).
+which runs on while the warpgroup starts its next tile. Both schedules run by default
+(:data:`SWITCHES`); at d = 64, where the tensor cores and the exp unit need equal time, both off
+was faster (:data:`MEASURED_BEST`).
 
 Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
 P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
@@ -95,9 +96,10 @@ STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _sta
 # For a pair of key blocks (one for each consumer) an SM's tensor cores take 8 Br Bc d / 4096
 # cycles (4096 bf16 flops a cycle) and its exp unit 2 Br Bc / 16 cycles (16 exp2 a cycle).
 # At d = 128 that is 2048 against 1024: ordering the GEMMs hides the softmax behind the other
-# warpgroup's GEMMs. At d = 64 it is 1024 against 1024, so neither unit can hide the other, and
-# both switches off was the fastest at every d = 64 shape of results/fa3_backward/run12 (3-5 %).
-# That setting is MEASURED_BEST; it becomes d = 64's default once its outputs have been checked
+# warpgroup's GEMMs. At d = 64 it is 1024 against 1024, with no slack for a late hand-over, and
+# both switches off had the best median at every d = 64 shape of results/fa3_backward/run12
+# (3-5 %; at d = 128 nothing beat both on beyond the rounds' spread). MEASURED_BEST holds those
+# settings; d = 64's becomes the default once its outputs have been checked
 # against the float64 reference on a GPU (test_measured_best_schedule_matches in
 # tests/test_kernels_gluon.py). Each switch alone has been checked there at d = 64, the two
 # together not yet.

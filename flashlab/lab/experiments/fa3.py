@@ -104,6 +104,9 @@ def _run(q, k, v, causal: bool, pingpong: bool | None, schedule: str | None, out
     default), or of an ablation schedule (fa3_schedules) when named."""
     if schedule is None:
         return forward(q, k, v, causal, pingpong=pingpong, overlap=overlap, out=out)
+    if overlap is not None:
+        raise ValueError(f"overlap is the teaching kernel's switch; got overlap = {overlap} "
+                         f"with schedule = {schedule!r}")
     from flashlab.lab.variants.fa3_schedules import forward as scheduled
 
     return scheduled(q, k, v, causal, schedule=schedule, out=out)
