@@ -11,7 +11,8 @@ reads the compiled code for FA3's structure (§3.1-3.2):
 - the GEMMs: ``wgmma`` for S = Q K^T from shared memory and O += P V with P from registers;
 - intra-warpgroup overlap: ``wgmma.wait_group 1`` (S is ready while P V may still run);
 - ping-pong: the turn barriers add waits that the ``pingpong=False`` build does not have;
-- the default build of each head dimension follows ``fa3.SWITCHES`` (both on at d = 128, off at 64);
+- the default build of each head dimension follows ``fa3.SWITCHES``, and ``fa3.MEASURED_BEST``'s
+  settings compile with the same structure;
 - persistence: one program per SM takes tiles in turn, and O leaves through shared memory by a
   TMA store (``cp.async.bulk.tensor`` to global) that runs while the next tile begins;
 - no register spills in the key-block loop and shared memory within the 227 KB of a CTA.
@@ -61,7 +62,7 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal)
         elif pingpong == "stamps":  # the build with time stamps
             k = fa3.compile_sm90(getattr(torch, dtype), d, causal, stamps=True)
-        elif isinstance(pingpong, str) and pingpong.startswith("switches"):  # "switches-P-O": pingpong P, overlap O (0 or 1)
+        elif isinstance(pingpong, str) and pingpong.startswith("switches"):  # "switches-P-O", P and O 0 or 1
             _, p, o = pingpong.split("-")
             k = fa3.compile_sm90(getattr(torch, dtype), d, causal, p == "1", o == "1")
         elif isinstance(pingpong, str):  # an ablation schedule
@@ -91,8 +92,10 @@ def _builds() -> dict:
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
-    wanted += [("bfloat16", d, c, _switch_key(p, o)) for d in fa3.HEAD_DIMS for c in (False, True)
-               for p in (False, True) for o in (False, True)]
+    # each setting test_default_build_follows_the_switches reads, and it with ping-pong flipped
+    settings = dict.fromkeys((d, p2, o) for table in (fa3.SWITCHES, fa3.MEASURED_BEST)
+                             for d, (p, o) in table.items() for p2 in (p, not p))
+    wanted += [("bfloat16", d, c, _switch_key(p, o)) for d, p, o in settings for c in (False, True)]
     run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True,
                          env=sm90_build_env(), timeout=600, cwd=Path(__file__).parent.parent)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -646,7 +646,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
     _fa3_kernel[grid](*_descriptors(q, k, v, o), o, lse2, N_Q, N_K, B * H, deal, scale * LOG2E,  # scale * log2(e)
-                      CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, **c, **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG)
+                      CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, **c, **stamping,
+                      num_warps=NUM_WARPS, maxnreg=MAXNREG)
     return o, lse2
 
 

@@ -243,13 +243,19 @@ def smoke(pingpong: bool | None) -> dict[str, object]:
     return check_case(1, 2, 300, 300, 128, True, torch.bfloat16, pingpong=pingpong)
 
 
+def _switch_columns(d: int, pingpong: bool | None) -> dict[str, bool]:
+    """The switches a correctness row ran with: ``pingpong`` as asked, the rest d's default."""
+    pingpong, overlap = default_switches(d, pingpong)
+    return {"pingpong": pingpong, "overlap": overlap}
+
+
 def correctness(pingpong: bool | None = None) -> list[dict[str, object]]:
     """Every case of :data:`CASES`, then the race check at d = 128 and 64: one row each
     (``pingpong`` None: each head dimension's default, which the rows name)."""
     rows = []
     for B, H, n_q, n_k, d, causal, dtype in CASES:
-        row: dict[str, object] = {"case": "attention", "pingpong": default_switches(d, pingpong)[0], "B": B, "H": H, "N_q": n_q, "N_k": n_k,
-                                  "d": d, "causal": causal, "dtype": str(dtype).removeprefix("torch.")}
+        row: dict[str, object] = {"case": "attention", **_switch_columns(d, pingpong), "B": B, "H": H, "N_q": n_q,
+                                  "N_k": n_k, "d": d, "causal": causal, "dtype": str(dtype).removeprefix("torch.")}
         print("start", _line(row), flush=True)  # a case that hangs is the last one started
         try:
             row.update(check_case(B, H, n_q, n_k, d, causal, dtype, pingpong=pingpong), status="ok")
@@ -259,8 +265,8 @@ def correctness(pingpong: bool | None = None) -> list[dict[str, object]]:
         rows.append(row)
         print(_line(row), flush=True)
     for d in (128, 64):
-        row = {"case": "race", "pingpong": default_switches(d, pingpong)[0], "B": 2, "H": 4, "N_q": 1531, "N_k": 1531, "d": d, "causal": True,
-               "dtype": "bfloat16"}
+        row = {"case": "race", **_switch_columns(d, pingpong), "B": 2, "H": 4, "N_q": 1531, "N_k": 1531, "d": d,
+               "causal": True, "dtype": "bfloat16"}
         print("start", _line(row), flush=True)
         try:
             row.update(race_check(d=d, pingpong=pingpong), status="ok")
