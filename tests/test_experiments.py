@@ -139,24 +139,28 @@ def test_switch_rows_take_medians_and_compare_with_the_default(monkeypatch):
     assert rows["no_pingpong_no_overlap"] == {"impl": "no_pingpong_no_overlap", "d": 128, "N": 4096, "causal": True,
                                               "ms": 1.6, "tflops": 2500.0, "spread": 1.875, "vs_default": 1.25}
     assert rows["pingpong_overlap"]["vs_default"] == 1.0 and rows["cudnn"]["spread"] == 1.0
-    # the default is each head dimension's (flashlab.kernels.fa3.SWITCHES)
+    # the default is each head dimension's (flashlab.kernels.fa3.SWITCHES), with three consumer
+    # warpgroups at d = 64 when both switches are off (flashlab.kernels.fa3.CONSUMERS)
     from flashlab.kernels import fa3
 
     monkeypatch.setitem(fa3.SWITCHES, 64, (False, False))
+    times["no_pingpong_no_overlap_3wg"] = times.pop("no_pingpong_no_overlap")
     rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, True, flops=4e12)}
-    assert rows["no_pingpong_no_overlap"]["vs_default"] == 1.0 and rows["pingpong_overlap"]["vs_default"] == 0.8
+    assert rows["no_pingpong_no_overlap_3wg"]["vs_default"] == 1.0 and rows["pingpong_overlap"]["vs_default"] == 0.8
     with pytest.raises(ValueError, match="must hold the default setting 'pingpong_overlap' of d = 128"):
         switch_rows({"cudnn": [1.0]}, 128, 4096, True, flops=1.0)
-    with pytest.raises(ValueError, match="'no_pingpong_no_overlap' of d = 64"):
-        switch_rows({"cudnn": [1.0], "pingpong_overlap": [1.0]}, 64, 4096, True, flops=1.0)
+    with pytest.raises(ValueError, match="'no_pingpong_no_overlap_3wg' of d = 64"):
+        switch_rows({"cudnn": [1.0], "no_pingpong_no_overlap": [1.0]}, 64, 4096, True, flops=1.0)
 
 
 def test_forward_switches_default_per_head_dimension():
     from flashlab.kernels import fa3
+    from flashlab.lab.experiments.fa3 import switch_name
 
     assert fa3.SWITCHES == {64: (True, True), 128: (True, True)} and fa3.switches(128) == (True, True)
     assert fa3.MEASURED_BEST[64] == (False, False)  # run 12; the default once the GPU test has checked it
     assert fa3.switches(64, pingpong=False) == (False, fa3.SWITCHES[64][1])
     assert fa3.switches(128, overlap=False) == (True, False) and fa3.switches(64, False, False) == (False, False)
+    assert switch_name(False, False, 3) == "no_pingpong_no_overlap_3wg" and switch_name(True, False) == "pingpong_no_overlap"
     with pytest.raises(ValueError, match=r"d must be one of \(64, 128\); got 96"):
         fa3.switches(96)

@@ -130,10 +130,10 @@ def _sass(cubin: bytes) -> str:
     return cuobjdump(cubin, "-sass")
 
 
-def key_block_loops(sass: str) -> list[list[str]]:
+def key_block_loops(sass: str, marker: str = "DEPBAR.LE gsb0, 0x1") -> list[list[str]]:
     """The instructions of each key-block loop in ``sass``: a backward branch's body holding two
-    wgmma (HGMMA, or QGMMA for FP8) and the intra-warpgroup wait ``DEPBAR.LE gsb0, 0x1``, one a
-    consumer. The tile loop of a persistent program holds all that too but is about twice as
+    wgmma (HGMMA, or QGMMA for FP8) and ``marker``, by default the intra-warpgroup wait
+    ``DEPBAR.LE gsb0, 0x1`` (a build without the overlap: ``MUFU.EX2``), one a consumer. The tile loop of a persistent program holds all that too but is about twice as
     long (the first block's S, the last P V, the epilogue); ptxas may place the inner loop's
     body outside the outer one's address range, so the loops are told apart by length."""
     ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
@@ -143,20 +143,20 @@ def key_block_loops(sass: str) -> list[list[str]]:
         if m and int(m.group(1), 16) < addr:
             start = int(m.group(1), 16)
             body = [o for a, o in ins if start <= a <= addr]
-            if sum("GMMA" in o for o in body) >= 2 and any("DEPBAR.LE gsb0, 0x1" in o for o in body):
+            if sum("GMMA" in o for o in body) >= 2 and any(marker in o for o in body):
                 loops.append(body)
     shortest = min((len(b) for b in loops), default=0)
     return [b for b in loops if len(b) < 1.5 * shortest]
 
 
-def local_memory_in_key_block_loops(cubin: bytes) -> int | None:
+def local_memory_in_key_block_loops(cubin: bytes, marker: str = "DEPBAR.LE gsb0, 0x1") -> int | None:
     """Local-memory loads and stores (spills) inside the key-block loops, None without cuobjdump.
     A few registers a persistent program saves per tile cost nothing; one in the loop costs every
     key block."""
     sass = _sass(cubin)
     if not sass:
         return None
-    loops = key_block_loops(sass)
+    loops = key_block_loops(sass, marker)
     assert loops, "no key-block loop found in the SASS"
     return sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip())) for body in loops for o in body)
 
@@ -169,11 +169,12 @@ def test_n_q_is_never_a_compile_time_constant():
         assert [p.name for p in kernel.params if p.do_not_specialize] == ["N_Q", "DEAL"]
 
 
-def _dealt(n_q: int, bh: int, sm_count: int, causal: bool) -> list[list[tuple[int, int, int]]]:
-    """The tiles each program of the persistent kernel takes, as (head, query tile, key blocks):
-    _tile_count and _tile written again in Python (Gluon kernels cannot run on a CPU)."""
-    programs, deal = fa3.schedule(-(-n_q // 128) * bh, causal, sm_count)
-    n_m = -(-n_q // 128)
+def _dealt(n_q: int, bh: int, sm_count: int, causal: bool, rows: int = 128) -> list[list[tuple[int, int, int]]]:
+    """The tiles of ``rows`` query rows (two or three consumers' Br) each program of the
+    persistent kernel takes, as (head, query tile, key blocks): _tile_count and _tile written
+    again in Python (Gluon kernels cannot run on a CPU)."""
+    programs, deal = fa3.schedule(-(-n_q // rows) * bh, causal, sm_count)
+    n_m = -(-n_q // rows)
     n_tiles = n_m * bh
     out = []
     for pid in range(programs):
@@ -185,25 +186,27 @@ def _dealt(n_q: int, bh: int, sm_count: int, causal: bool) -> list[list[tuple[in
             t = deal * (pid + (j // deal) * programs) + j % deal
             i = t % n_m if (t // n_m) % 2 == 0 else n_m - 1 - t % n_m
             mt = n_m - 1 - i // 2 if i % 2 == 0 else i // 2
-            hi = min((mt + 1) * 128, n_q) if causal else n_q
-            tiles.append((t // n_m, mt, -(-hi // 128)))
+            hi = min((mt + 1) * rows, n_q) if causal else n_q
+            tiles.append((t // n_m, mt, -(-hi // fa3.BLOCK_N)))
         out.append(tiles)
     return out
 
 
 @pytest.mark.parametrize("n_q, bh", [(4096, 64), (16384, 16), (131072, 16), (1000, 3), (333, 8), (64, 1),
                                      (2048, 200), (4224, 64), (6000, 16), (2176, 32)])
-def test_persistent_programs_take_every_tile_once_and_even_loads(n_q, bh):
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_persistent_programs_take_every_tile_once_and_even_loads(n_q, bh, consumers):
     """Every (head, query tile) is taken by exactly one program. Without the mask no program takes
     more tiles than a whole-tile split must give one; causal, the busiest program's work exceeds
     the mean by at most one pair of tiles, which is what splitting whole pairs costs (dealing
     causal tiles one at a time round-robin put the busiest at 1.56 times the mean at N = 16k,
     some 6 pairs over it; pairs spanning two heads as (middle, longest) put it at 1.42 at
     N = 4224)."""
+    rows = consumers * fa3.BLOCK_M
     for causal in (False, True):
-        dealt = _dealt(n_q, bh, 132, causal)
+        dealt = _dealt(n_q, bh, 132, causal, rows)
         taken = [(h, mt) for tiles in dealt for h, mt, _ in tiles]
-        assert sorted(taken) == [(h, mt) for h in range(bh) for mt in range(-(-n_q // 128))]
+        assert sorted(taken) == [(h, mt) for h in range(bh) for mt in range(-(-n_q // rows))]
         work = [sum(n for *_, n in tiles) + 2 * len(tiles) for tiles in dealt]  # 2: a tile's own cost
         if not causal:
             assert max(len(tiles) for tiles in dealt) == -(-len(taken) // len(dealt))
@@ -306,24 +309,54 @@ def test_config_fits_shared_memory():
 def test_default_build_follows_the_switches(table, d, causal):
     """What forward runs by default (fa3.SWITCHES), and the fastest setting measured
     (fa3.MEASURED_BEST, both off at d = 64): the overlap's wait for S alone and the turn barriers
-    exactly when the switches say so. Partitions and register budgets either way, and no spills
-    beyond the persistent tile loop's few stack bytes (the key-block loop finder needs the
-    overlap's wait, so without it only the stack and local-memory totals are read)."""
+    exactly when the switches say so; three consumer warpgroups when both are off at d = 64
+    (fa3.CONSUMERS: 4 + 4 + 4 + 1 warps, four warpgroups, 168 registers for consumer 0, 160 for
+    the other two, 24 for the producer). No spills in the key-block loops; the persistent tile
+    loop may keep a few registers on the stack (at most 64 bytes, 128 with three consumers)."""
     pingpong, overlap = getattr(fa3, table)[d]
+    n_wg = fa3.consumer_count(d, pingpong, overlap)
     k = _compiled(torch.bfloat16, d, causal, None if table == "SWITCHES" else _switch_key(pingpong, overlap))
-    flipped = _compiled(torch.bfloat16, d, causal, _switch_key(not pingpong, overlap))  # ping-pong the other way
-    ptx = k.asm["ptx"]
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
-    waits = ptx.count("mbarrier.try_wait"), flipped.asm["ptx"].count("mbarrier.try_wait")
-    assert (waits[0] > waits[1]) == pingpong and waits[0] != waits[1], waits  # the turn barriers' waits
-    assert "ttg.warp_specialize" in k.asm["ttgir"]
+    if n_wg == 2:  # the turn barriers' waits, against the build with ping-pong the other way
+        flipped = _compiled(torch.bfloat16, d, causal, _switch_key(not pingpong, overlap))
+        waits = ptx.count("mbarrier.try_wait"), flipped.asm["ptx"].count("mbarrier.try_wait")
+        assert (waits[0] > waits[1]) == pingpong and waits[0] != waits[1], waits
+    else:
+        assert not pingpong
+    assert "ttg.warp_specialize" in ttgir and k.metadata.num_warps == 4 * (n_wg + 1)
     budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
-    assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
+    if n_wg == 3:
+        assert f"requestedRegisters = array<i32: {int(fa3.CONSUMER_REGS_3)}, {int(fa3.CONSUMER_REGS_3)}, " \
+               f"{int(fa3.PRODUCER_REGS)}>" in ttgir
+        default_regs = 4 * fa3.MAXNREG_3 - 2 * int(fa3.CONSUMER_REGS_3) - int(fa3.PRODUCER_REGS)
+        assert {int(fa3.CONSUMER_REGS_3), int(fa3.PRODUCER_REGS), default_regs} <= budgets, budgets
+    else:
+        assert {int(fa3.CONSUMER_REGS), int(fa3.PRODUCER_REGS)} <= budgets, budgets
     usage = _resource_usage(k.asm["cubin"])
-    if overlap:
-        _no_spills_in_the_loop(k.asm["cubin"])
-    elif usage:
-        assert int(re.search(r"STACK:(\d+) ", usage).group(1)) <= 64 and re.search(r"LOCAL:0 ", usage), usage
+    if usage:
+        stack = int(re.search(r"STACK:(\d+) ", usage).group(1))
+        assert stack <= (128 if n_wg == 3 else 64) and re.search(r"LOCAL:0 ", usage), usage
+        loops = key_block_loops(_sass(k.asm["cubin"]), "DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2")
+        assert len(loops) >= n_wg, f"found {len(loops)} key-block loops for {n_wg} consumers"
+        assert not any(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip()) for body in loops for o in body)
+    assert k.metadata.shared <= 227 * 1024
+
+
+def test_consumer_count_and_what_it_refuses():
+    assert fa3.consumer_count(64, False, False) == 3 and fa3.consumer_count(64, True, True) == 2
+    assert fa3.consumer_count(64, False, True) == 2 and fa3.consumer_count(64, True, False) == 2
+    assert fa3.consumer_count(128, False, False) == 2 and fa3.consumer_count(64, False, False, 2) == 2
+    with pytest.raises(ValueError, match="three consumers need pingpong and overlap off; got pingpong = True"):
+        fa3.consumer_count(64, True, False, 3)
+    with pytest.raises(ValueError, match="got pingpong = False, overlap = True"):
+        fa3.consumer_count(64, False, True, 3)
+    with pytest.raises(ValueError, match=r"consumers must be one of \(2,\) at d = 128; got 3"):
+        fa3.consumer_count(128, False, False, 3)
+    with pytest.raises(ValueError, match=r"consumers must be one of \(2, 3\) at d = 64; got True"):
+        fa3.consumer_count(64, False, False, True)
+    with pytest.raises(ValueError, match="three consumers need pingpong and overlap off"):
+        fa3.compile_sm90(torch.bfloat16, 64, False, pingpong=True, consumers=3)
 
 
 def test_no_overlap_waits_for_both_gemms():
@@ -484,6 +517,18 @@ def test_measured_best_schedule_matches(case):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
+@pytest.mark.parametrize("case", [c for c in experiment.CASES if c[4] == 64], ids=str)
+def test_two_consumers_at_d64_match_too(case):
+    """d = 64, both switches off, with two consumer warpgroups (three are the default then)."""
+    row = experiment.check_case(*case, pingpong=False, overlap=False, consumers=2)
+    assert row["ok"], f"{case}: {row}"
+    race = experiment.race_check(d=64, causal=case[5], pingpong=False, overlap=False, consumers=2)
+    assert race["identical"] and race["nan_overwritten"], race
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
 @pytest.mark.parametrize("d", fa3.HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_race_free(d, causal):
@@ -497,11 +542,12 @@ def test_race_free(d, causal):
 @needs_hopper
 @pytest.mark.parametrize("n", [1152, 1280])
 def test_causal_tiles_dealt_in_pairs_are_all_right(n):
-    """Causal with enough tiles to deal them in pairs (DEAL = 2), an odd (9) and an even (10)
-    number of tiles a head: every tile matches the float64 reference, and a NaN-filled output
-    buffer is overwritten everywhere."""
+    """Causal with enough tiles to deal them in pairs (DEAL = 2), an even and an odd number of
+    tiles a head (9 and 10 of 128 rows; 6 and 7 of 192): every tile matches the float64
+    reference, and a NaN-filled output buffer is overwritten everywhere."""
     B, H, d = 2, 30, 64
-    n_tiles = -(-n // (2 * fa3.BLOCK_M)) * B * H
+    rows = fa3.consumer_count(d, *fa3.switches(d)) * fa3.BLOCK_M
+    n_tiles = -(-n // rows) * B * H
     assert fa3.programs(n_tiles, True, torch.device("cuda"))[1] == 2
     row = experiment.check_case(B, H, n, n, d, True, torch.bfloat16)
     assert row["ok"], row

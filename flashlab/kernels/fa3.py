@@ -9,6 +9,7 @@ three partitions:
                                           goes on to the next tile's while the consumers finish
     consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
+   (consumer 2  4 warps, at d = 64:       rows [2 Br, 3 Br); tiles of 3 Br rows, :data:`CONSUMERS`)
 
 The producer is Algorithm 1's producer warpgroup, the consumers its consumer warpgroups in the
 form of Algorithm 2. Register reallocation (§3.1): the producer gives its registers up
@@ -61,9 +62,9 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
 # TMA shared -> global add: global[coord + block] += shared, by bulk reduce-adds, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
-__all__ = ["DTYPES", "GLUON_IMPL", "HEAD_DIMS", "MEASURED_BEST", "SWITCHES", "check_build", "check_shapes",
-           "compile_for_sm90", "compile_sm90", "config", "fa3_forward", "forward", "supported", "switches",
-           "tensor_descriptor_type"]
+__all__ = ["CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "MEASURED_BEST", "SWITCHES", "check_build",
+           "check_shapes", "compile_for_sm90", "compile_sm90", "config", "consumer_count", "fa3_forward", "forward",
+           "supported", "switches", "tensor_descriptor_type"]
 
 GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -78,6 +79,11 @@ NUM_WARPS = 4  # the default partition: consumer 0, one warpgroup
 MAXNREG = 168
 CONSUMER_REGS = gl.constexpr(240)
 PRODUCER_REGS = gl.constexpr(24)
+# With three consumers (d = 64, :data:`CONSUMERS`) the 4 + 4 + 4 + 1 warps round up to four
+# warpgroups: a limit of 128 registers a thread, of which consumers 1 and 2 take 160 each, the
+# producer 24 and the default partition (consumer 0) what is left, 4 * 128 - 2 * 160 - 24 = 168.
+MAXNREG_3 = 128
+CONSUMER_REGS_3 = gl.constexpr(160)
 
 # Time stamps (STAMPS=True; the ping-pong chart of chapter 6, flashlab.lab.experiments.fa3_timeline):
 # each partition notes when it begins each phase of key block j. Consumers: wait for K_j, wait
@@ -105,6 +111,12 @@ STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _sta
 # together not yet.
 SWITCHES = {64: (True, True), 128: (True, True)}
 MEASURED_BEST = {64: (False, False), 128: (True, True)}
+# Consumer warpgroups a program runs, each with its own Br query rows of the tile, by head
+# dimension, when both switches are off. At d = 64 a warpgroup's step is a chain (S, its row max,
+# the exponentials, the row sum, P V) whose waits only other warpgroups' work can fill, and two
+# are too few to fill them; FlashAttention-3 runs three there too. Ping-pong orders two
+# warpgroups, and the overlap's second S would not fit three consumers' registers.
+CONSUMERS = {64: 3, 128: 2}
 
 
 def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None) -> tuple[bool, bool]:
@@ -115,6 +127,23 @@ def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None) 
     default_pingpong, default_overlap = SWITCHES[d]
     return (default_pingpong if pingpong is None else bool(pingpong),
             default_overlap if overlap is None else bool(overlap))
+
+
+def consumer_count(d: int, pingpong: bool, overlap: bool, n: int | None = None) -> int:
+    """Consumer warpgroups for head dimension ``d``: ``n``, or :data:`CONSUMERS`' default where it
+    is None and both switches are off, else two. Ping-pong orders two warpgroups, and with the
+    overlap a consumer holds a second S, which three consumers' registers (160 a thread) cannot;
+    three fit only at d = 64 (at d = 128 their O and S would need more registers and shared memory
+    than a CTA has)."""
+    if n is None:
+        return CONSUMERS[d] if not (pingpong or overlap) else 2
+    allowed = (2, 3) if d == 64 else (2,)
+    if isinstance(n, bool) or n not in allowed:
+        raise ValueError(f"consumers must be one of {allowed} at d = {d}; got {n!r}")
+    if n == 3 and (pingpong or overlap):
+        raise ValueError(f"three consumers need pingpong and overlap off; got pingpong = {pingpong}, "
+                         f"overlap = {overlap}")
+    return n
 
 
 def config(d: int) -> dict:
@@ -147,7 +176,8 @@ def _stamp(STAMP, here, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.c
 def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               STAGES: gl.constexpr, V_KEYS_CONTIGUOUS: gl.constexpr,
-              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
+              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False,
+              CONSUMERS: gl.constexpr = 2):
     """Algorithm 1's producer, for every tile of this program (:func:`_tile`): load Q_i, then
     K_j, V_j into the ring. The ring position c counts the key blocks of all the program's tiles,
     so block c sits in stage c % s and the next tile's first blocks load while the consumers
@@ -158,18 +188,18 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH
     q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     c = 0  # key blocks loaded so far, over all tiles: the ring position
     n = 0  # tiles begun so far
-    for tj in range(_tile_count(N_Q, BH, DEAL, BLOCK_M)):
-        bh, m0, n_blocks, tile = _tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
+    for tj in range(_tile_count(N_Q, BH, DEAL, BLOCK_M, CONSUMERS)):
+        bh, m0, n_blocks, tile = _tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N, CONSUMERS)
         here = tile == STAMP_AT
         _stamp(STAMP, here, 2, _LOAD_Q, 0, STAMPS)
-        for w in gl.static_range(2):  # "issue load Q_i": each consumer's Br rows, once it is done with the last
+        for w in gl.static_range(CONSUMERS):  # "issue load Q_i": each consumer's Br rows, once it is done with the last
             mbarrier.wait(q_empty.index(w), (n & 1) ^ 1)
             mbarrier.expect(q_full.index(w), desc_q.block_type.nbytes)
             _tma_load(desc_q, [bh * N_Q + m0 + w * BLOCK_M, 0], q_full.index(w), q_smem.index(w))
         for j in range(n_blocks):
             stage = (c + j) % STAGES
             phase = ((c + j) // STAGES) & 1
-            # "wait for the (j % s)th stage to be consumed": both consumers released it; a fresh
+            # "wait for the (j % s)th stage to be consumed": every consumer released it; a fresh
             # barrier passes phase 1 at once, so the first s loads go ahead
             _stamp(STAMP, here, 2, _WAIT_SLOT_K, j, STAMPS)
             mbarrier.wait(k_empty.index(stage), phase ^ 1)
@@ -257,9 +287,10 @@ def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, mask
 def _consumer(desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N_K, BH, DEAL, qk_scale,
               CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_D: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """Algorithm 2, the consumer warpgroup WG, for every tile of this program (:func:`_tile`):
-    query rows m0 + WG * Br + [0, Br) of the tile. (Its register reallocation is
+              STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False,
+              CONSUMERS: gl.constexpr = 2):
+    """Algorithm 2, the consumer warpgroup WG (of CONSUMERS), for every tile of this program
+    (:func:`_tile`): query rows m0 + WG * Br + [0, Br) of the tile. (Its register reallocation is
     warp_specialize's worker_num_regs and the kernel's maxnreg.) OVERLAP=False is the ablation
     without intra-warpgroup overlap: each step waits for both GEMMs before its softmax, so the
     softmax never runs beside this warpgroup's own GEMMs. STAMPS: time stamps of each phase of
@@ -283,8 +314,8 @@ def _consumer(desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn, N_Q, N
         if WG == 1:  # consumer 0 goes first
             mbarrier.arrive(turn.index(0), count=1)
 
-    for tj in range(_tile_count(N_Q, BH, DEAL, BLOCK_M)):
-        bh, m0, n_blocks, tile = _tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
+    for tj in range(_tile_count(N_Q, BH, DEAL, BLOCK_M, CONSUMERS)):
+        bh, m0, n_blocks, tile = _tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N, CONSUMERS)
         here = tile == STAMP_AT
         row0 = m0 + WG * BLOCK_M  # this warpgroup's first query row
         first_row_keys = row0 + causal_offset + 1  # keys the first row sees: blocks past it need the mask
@@ -420,16 +451,16 @@ def _store_tile(desc_o, O, LSE, o_smem, o, m_i, l_i, row0, o_row0, N_Q, o_layout
 
 
 @gluon.jit
-def _n_tiles(N_Q, BH, BLOCK_M: gl.constexpr):
-    """Tiles of 2 Br query rows over all B * H heads."""
-    return (N_Q + 2 * BLOCK_M - 1) // (2 * BLOCK_M) * BH
+def _n_tiles(N_Q, BH, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+    """Tiles of CONSUMERS * Br query rows over all B * H heads."""
+    return (N_Q + CONSUMERS * BLOCK_M - 1) // (CONSUMERS * BLOCK_M) * BH
 
 
 @gluon.jit
-def _tile_count(N_Q, BH, DEAL, BLOCK_M: gl.constexpr):
+def _tile_count(N_Q, BH, DEAL, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr = 2):
     """How many tiles this program takes (:func:`_tile`): the tiles are dealt out DEAL (1 or 2)
     at a time, deal u to program u mod P (P programs); a last deal may hold fewer."""
-    n_tiles = _n_tiles(N_Q, BH, BLOCK_M)
+    n_tiles = _n_tiles(N_Q, BH, BLOCK_M, CONSUMERS)
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     deals = n_tiles // DEAL  # full deals
@@ -439,8 +470,10 @@ def _tile_count(N_Q, BH, DEAL, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _tile(j, N_Q, N_K, DEAL, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """This program's j-th tile -> (head bh, first query row m0, key blocks it visits, tile id
+def _tile(j, N_Q, N_K, DEAL, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          CONSUMERS: gl.constexpr = 2):
+    """This program's j-th tile of CONSUMERS * Br query rows -> (head bh, first query row m0,
+    key blocks it visits, tile id
     = query tile + bh * query tiles per head). Tiles are numbered head by head, and within a head
     in the order longest, shortest, second longest, second shortest, ... (odd-numbered heads in
     the reverse order); they are dealt out DEAL at a time, deal u to program u mod P, fixed in
@@ -449,13 +482,14 @@ def _tile(j, N_Q, N_K, DEAL, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_
     the programs' loads even out (with fewer than two tiles per program, DEAL = 1 keeps every
     program busy); and the P programs at work at one time share a few heads' K and V in L2."""
     t = DEAL * (gl.program_id(0) + (j // DEAL) * gl.num_programs(0)) + j % DEAL
-    n_m = (N_Q + 2 * BLOCK_M - 1) // (2 * BLOCK_M)
+    ROWS: gl.constexpr = CONSUMERS * BLOCK_M
+    n_m = (N_Q + ROWS - 1) // ROWS
     bh = t // n_m
     i = t % n_m
     i = gl.where(bh % 2 == 1, n_m - 1 - i, i)  # odd-numbered heads: the order backwards
     mt = gl.where(i % 2 == 0, n_m - 1 - i // 2, i // 2)  # i = 0, 1, 2, 3, ... -> the last, first, second last, ...
-    m0 = mt * (2 * BLOCK_M)
-    return bh, m0, _key_blocks(m0, N_Q, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL), mt + bh * n_m
+    m0 = mt * ROWS
+    return bh, m0, _key_blocks(m0, N_Q, N_K, ROWS, BLOCK_N, CAUSAL), mt + bh * n_m
 
 
 @gluon.jit
@@ -480,28 +514,29 @@ def _key_blocks(m0, N_Q, N_K, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL:
 
 
 @gluon.jit
-def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
-    """Shared memory of one program: both consumers' Q tiles, the ring of STAGES K and V slots,
+def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+    """Shared memory of one program: each consumer's Q tile, the ring of STAGES K and V slots,
     the full/empty mbarrier pair of each Q tile and each slot, and the ping-pong turn barriers."""
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [CONSUMERS] + desc_q.block_type.shape, desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_full.index(i), count=1)  # the producer's expect + the TMA bytes
         mbarrier.init(q_empty.index(i), count=1)  # consumer i is done with its Q tile
+    for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a slot
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a slot
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     return q_smem, k_smem, v_smem, (q_full, q_empty, k_full, k_empty, v_full, v_empty), turn
 
 
@@ -512,23 +547,39 @@ def _ring(desc_q, desc_k, desc_v, STAGES: gl.constexpr):
 def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_scale,
                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False):
-    """A persistent grid (at most one program per SM): each program takes tiles of 2 Br query
-    rows of one head in turn (:func:`_tile`). Q, K, V and O come as 2-D views (B * H * N, d):
+                STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False,
+                CONSUMERS: gl.constexpr = 2):
+    """A persistent grid (at most one program per SM): each program takes tiles of CONSUMERS * Br
+    query rows of one head in turn (:func:`_tile`), one consumer warpgroup for each Br of them. Q, K, V and O come as 2-D views (B * H * N, d):
     rows past a head's N belong to the next head (or are zero past the end) and are masked like
     any tail. STAMPS: tile STAMP_AT writes the time stamps of its phases into STAMP (:func:`_stamp`)."""
-    q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES)
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
-    gl.warp_specialize([  # the default partition (4 warps) is consumer 0
-        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
-                     N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D,
-                     STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
-        (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
-                     N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D,
-                     STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS)),
-        (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
-                     CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES, CONSUMERS)
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS] + desc_o.block_type.shape, desc_o.layout)
+    if CONSUMERS == 2:
+        gl.warp_specialize([  # the default partition (4 warps) is consumer 0
+            (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                         STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+            (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D,
+                         STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+            (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:  # three consumers (d = 64), never ping-pong: see CONSUMERS
+        gl.warp_specialize([
+            (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D,
+                         STAGES, False, OVERLAP, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+            (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D,
+                         STAGES, False, OVERLAP, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+            (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 2, BLOCK_M, BLOCK_N, HEAD_D,
+                         STAGES, False, OVERLAP, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+            (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, PRODUCER_REGS])
 
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -612,17 +663,19 @@ def schedule(n_tiles: int, causal: bool, sm_count: int) -> tuple[int, int]:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
-            *, pingpong: bool | None = None, overlap: bool | None = None, out: torch.Tensor | None = None,
-            stamps: torch.Tensor | None = None, stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+            *, pingpong: bool | None = None, overlap: bool | None = None, consumers: int | None = None,
+            out: torch.Tensor | None = None, stamps: torch.Tensor | None = None,
+            stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; the convention of :func:`flashlab.kernels.forward.forward`.
 
     q (B, H, N_q, d), k and v (B, H, N_k, d), contiguous, bf16 or fp16, d in HEAD_DIMS, on sm_90.
     ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
     S before each softmax with no GEMM in flight; None takes the head dimension's default
-    (:data:`SWITCHES`); ``out`` is a (B, H, N_q, d)
+    (:data:`SWITCHES`); ``consumers``: consumer warpgroups, 2 or 3 (None:
+    :func:`consumer_count`, three at d = 64 with both switches off); ``out`` is a (B, H, N_q, d)
     buffer to write O into (tests fill it with NaN first). ``stamps``: build with time stamps
-    (STAMPS=True) and let tile ``stamp_at`` (query tile + batch-head * query tiles per head,
-    :func:`_tile`) write them into this int64
+    (STAMPS=True, two consumers only) and let tile ``stamp_at`` (query tile + batch-head * query
+    tiles per head, :func:`_tile`) write them into this int64
     (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer (:func:`_stamp`).
     Returns o like q and lse2 (B, H, N_q) float32, the row log-sum-exp in log2 units, as the
     backward (:func:`flashlab.kernels.backward.backward`) takes it."""
@@ -636,18 +689,21 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
     pingpong, overlap = switches(D, pingpong, overlap)
-    n_programs, deal = programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
+    n_consumers = consumer_count(D, pingpong, overlap, consumers)
+    n_programs, deal = programs(triton.cdiv(N_Q, n_consumers * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     grid = (n_programs,)
     stamping = {}
     if stamps is not None:
+        if n_consumers != 2:
+            raise ValueError(f"stamps need two consumer warpgroups (their slots); got consumers = {n_consumers}")
         want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(STAMP_PHASES), 3, 2)
         if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
             raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
                              f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
         stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
     _fa3_kernel[grid](*_descriptors(q, k, v, o), o, lse2, N_Q, N_K, B * H, deal, scale * LOG2E,  # scale * log2(e)
-                      CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, **c, **stamping,
-                      num_warps=NUM_WARPS, maxnreg=MAXNREG)
+                      CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, CONSUMERS=n_consumers, **c,
+                      **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG if n_consumers == 2 else MAXNREG_3)
     return o, lse2
 
 
@@ -708,17 +764,22 @@ def compile_for_sm90(kernel, signature: dict[str, str], constexprs: dict[str, ob
 
 
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False,
-                 pingpong: bool | None = None, overlap: bool | None = None, stamps: bool = False):
+                 pingpong: bool | None = None, overlap: bool | None = None, stamps: bool = False,
+                 consumers: int | None = None):
     """Compile the kernel for sm_90 without a GPU, with the argument types :func:`forward` launches
     it with, and return Triton's CompiledKernel (``.asm["ptx"]``, ``.asm["ttgir"]``, ``.asm["cubin"]``,
     ``.metadata``). TRITON_INTERPRET may be set: Gluon kernels are always compiled. ``stamps``: the
     build with time stamps (STAMPS=True, an int64 STAMP buffer; :func:`_stamp`). ``pingpong`` and
-    ``overlap`` as :func:`forward` takes them (None: :data:`SWITCHES`' default for ``d``)."""
+    ``overlap`` as :func:`forward` takes them (None: :data:`SWITCHES`' default for ``d``), and
+    ``consumers`` likewise (None: :func:`consumer_count`)."""
     check_build(dtype, d)
     c = config(d)
     gl_dtype = _GL_DTYPES[dtype]
     pingpong, overlap = switches(d, pingpong, overlap)
-    constexprs = dict(CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, **c,
+    n_consumers = consumer_count(d, pingpong, overlap, consumers)
+    if stamps and n_consumers != 2:
+        raise ValueError(f"stamps need two consumer warpgroups (their slots); got consumers = {n_consumers}")
+    constexprs = dict(CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, CONSUMERS=n_consumers, **c,
                       STAMP_AT=0, STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
     signature = {"desc_q": tensor_descriptor_type(gl_dtype, [c["BLOCK_M"], d]),
                  "desc_k": tensor_descriptor_type(gl_dtype, [c["BLOCK_N"], d]),
@@ -728,4 +789,5 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
                  "qk_scale": "fp32",
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
     pointers = tuple(_fa3_kernel.arg_names.index(name) for name in ("O", "LSE") + (("STAMP",) if stamps else ()))
-    return compile_for_sm90(_fa3_kernel, signature, constexprs, pointers, NUM_WARPS, MAXNREG)
+    return compile_for_sm90(_fa3_kernel, signature, constexprs, pointers, NUM_WARPS,
+                            MAXNREG if n_consumers == 2 else MAXNREG_3)

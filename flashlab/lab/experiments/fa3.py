@@ -27,8 +27,8 @@
    RMSE on outlier inputs against the per-tensor-scaled baseline.
 
 5. Switches (:func:`switches`, ``python -m flashlab.lab.experiments fa3switches --out results``):
-   the forward with each setting of ``pingpong`` and ``overlap`` beside cuDNN, d = 64 and 128,
-   N = 4096 and 16384, causal and not, in :data:`SWITCH_ROUNDS` rotated rounds; writes
+   the forward with each setting of ``pingpong`` and ``overlap`` beside cuDNN (at d = 64 without
+   ping-pong also with three consumer warpgroups, ``_3wg``), d = 64 and 128, N = 4096 and 16384, causal and not, in :data:`SWITCH_ROUNDS` rotated rounds; writes
    ``fa3_switches_<gpu>``.
 
 Writes ``fa3_correctness_<gpu>``, ``fa3_speed_<gpu>``, ``fa3_ablation_<gpu>``, ``fa3_fp8_<gpu>`` and
@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from flashlab.kernels._common import LN2
-from flashlab.kernels.fa3 import fa3_forward, forward
+from flashlab.kernels.fa3 import consumer_count, fa3_forward, forward
 from flashlab.kernels.fa3 import switches as default_switches
 from flashlab.lab.measure import gpu_slug, isolated, paper_shape, provenance, time_ms
 from flashlab.reference import attention, attention_flops
@@ -99,14 +99,14 @@ def _inputs(shape_q: tuple[int, ...], shape_k: tuple[int, ...], dtype: torch.dty
 
 
 def _run(q, k, v, causal: bool, pingpong: bool | None, schedule: str | None, out=None,
-         overlap: bool | None = None):
-    """(o, lse2) of the teaching kernel (``pingpong``, ``overlap`` None: the head dimension's
-    default), or of an ablation schedule (fa3_schedules) when named."""
+         overlap: bool | None = None, consumers: int | None = None):
+    """(o, lse2) of the teaching kernel (``pingpong``, ``overlap``, ``consumers`` None: the head
+    dimension's default), or of an ablation schedule (fa3_schedules) when named."""
     if schedule is None:
-        return forward(q, k, v, causal, pingpong=pingpong, overlap=overlap, out=out)
-    if overlap is not None:
-        raise ValueError(f"overlap is the teaching kernel's switch; got overlap = {overlap} "
-                         f"with schedule = {schedule!r}")
+        return forward(q, k, v, causal, pingpong=pingpong, overlap=overlap, consumers=consumers, out=out)
+    if overlap is not None or consumers is not None:
+        raise ValueError(f"overlap and consumers are the teaching kernel's; got overlap = {overlap}, "
+                         f"consumers = {consumers} with schedule = {schedule!r}")
     from flashlab.lab.variants.fa3_schedules import forward as scheduled
 
     return scheduled(q, k, v, causal, schedule=schedule, out=out)
@@ -114,20 +114,21 @@ def _run(q, k, v, causal: bool, pingpong: bool | None, schedule: str | None, out
 
 def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: torch.dtype,
                seed: int = 0, pingpong: bool | None = None, schedule: str | None = None,
-               overlap: bool | None = None) -> dict[str, object]:
+               overlap: bool | None = None, consumers: int | None = None) -> dict[str, object]:
     """One correctness case on the GPU: errors of o and lse and their bounds, and ``ok``
     (``pingpong`` None: the head dimension's default, :data:`flashlab.kernels.fa3.SWITCHES`;
     ``schedule``: one of fa3_schedules.SCHEDULES instead of the teaching kernel; ``overlap``: the
-    teaching kernel's other switch, None for the default)."""
+    teaching kernel's other switch, and ``consumers`` its consumer warpgroups, None for the
+    default)."""
     q, k, v = _inputs((B, H, n_q, d), (B, H, n_k, d), dtype, seed)
     o_ref, lse_ref = attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal=causal,
                                return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
     qc, kc, vc = (t.cuda() for t in (q, k, v))
-    if schedule is None and overlap is None:
+    if schedule is None and overlap is None and consumers is None:
         o, lse = fa3_forward(qc, kc, vc, causal=causal, pingpong=pingpong)
     else:
-        o, lse2 = _run(qc, kc, vc, causal, pingpong, schedule, overlap=overlap)
+        o, lse2 = _run(qc, kc, vc, causal, pingpong, schedule, overlap=overlap, consumers=consumers)
         lse = lse2 * LN2
     base = torch_attention(qc, kc, vc, causal)
     err = (o.double().cpu() - o_ref).abs().max().item()
@@ -145,13 +146,14 @@ def check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, dtype: 
 
 def race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
                dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None,
-               schedule: str | None = None, overlap: bool | None = None) -> dict[str, object]:
+               schedule: str | None = None, overlap: bool | None = None,
+               consumers: int | None = None) -> dict[str, object]:
     """The same inputs twice give bit-identical o and lse; a NaN-filled output buffer is fully
     overwritten (every tile, every warpgroup, the ragged last one included)."""
     q, k, v = (t.cuda() for t in _inputs((B, H, n, d), (B, H, n, d), dtype, 1))
-    o1, lse1 = _run(q, k, v, causal, pingpong, schedule, overlap=overlap)
+    o1, lse1 = _run(q, k, v, causal, pingpong, schedule, overlap=overlap, consumers=consumers)
     poisoned = torch.full_like(q, float("nan"))
-    o2, lse2 = _run(q, k, v, causal, pingpong, schedule, out=poisoned, overlap=overlap)
+    o2, lse2 = _run(q, k, v, causal, pingpong, schedule, out=poisoned, overlap=overlap, consumers=consumers)
     identical = bool(torch.equal(o1, o2)) and bool(torch.equal(lse1, lse2))
     overwritten = not bool(torch.isnan(o2).any())
     return {"identical": identical, "nan_overwritten": overwritten, "ok": identical and overwritten}
@@ -348,15 +350,18 @@ SWITCH_ROUNDS = 5
 SWITCH_N = (4096, 16384)
 
 
-def switch_name(pingpong: bool, overlap: bool) -> str:
-    """The record's name for a setting of :func:`flashlab.kernels.fa3.forward`'s two switches."""
-    return ("pingpong" if pingpong else "no_pingpong") + ("_overlap" if overlap else "_no_overlap")
+def switch_name(pingpong: bool, overlap: bool, consumers: int = 2) -> str:
+    """The record's name for a setting of :func:`flashlab.kernels.fa3.forward`'s switches; three
+    consumer warpgroups add ``_3wg``."""
+    return (("pingpong" if pingpong else "no_pingpong") + ("_overlap" if overlap else "_no_overlap")
+            + ("_3wg" if consumers == 3 else ""))
 
 
 def default_switch_name(d: int) -> str:
     """The record's name for what :func:`flashlab.kernels.fa3.forward` runs at head dimension ``d``
-    by default (:data:`flashlab.kernels.fa3.SWITCHES`)."""
-    return switch_name(*default_switches(d))
+    by default (:data:`flashlab.kernels.fa3.SWITCHES`, :data:`flashlab.kernels.fa3.CONSUMERS`)."""
+    pingpong, overlap = default_switches(d)
+    return switch_name(pingpong, overlap, consumer_count(d, pingpong, overlap))
 
 
 def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flops: float) -> list[dict[str, object]]:
@@ -393,8 +398,10 @@ def switches(out: str | Path) -> list[Path]:
                 fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0]}
                 for pingpong in (True, False):
                     for overlap in (True, False):
-                        fns[switch_name(pingpong, overlap)] = (
-                            lambda p=pingpong, o=overlap, c=causal: forward(q, k, v, c, pingpong=p, overlap=o))
+                        for n_wg in (2, 3) if d == 64 and not (pingpong or overlap) else (2,):
+                            fns[switch_name(pingpong, overlap, n_wg)] = (
+                                lambda p=pingpong, o=overlap, w=n_wg, c=causal:
+                                forward(q, k, v, c, pingpong=p, overlap=o, consumers=w))
                 with torch.no_grad():
                     times = in_rounds(fns, SWITCH_ROUNDS)
                 for row in switch_rows(times, d, n, causal, attention_flops(n, n, d, causal=causal, batch=B * H)):
