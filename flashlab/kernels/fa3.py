@@ -550,9 +550,11 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
                 STAMP=None, STAMP_AT: gl.constexpr = 0, STAMPS: gl.constexpr = False,
                 CONSUMERS: gl.constexpr = 2):
     """A persistent grid (at most one program per SM): each program takes tiles of CONSUMERS * Br
-    query rows of one head in turn (:func:`_tile`), one consumer warpgroup for each Br of them. Q, K, V and O come as 2-D views (B * H * N, d):
-    rows past a head's N belong to the next head (or are zero past the end) and are masked like
-    any tail. STAMPS: tile STAMP_AT writes the time stamps of its phases into STAMP (:func:`_stamp`)."""
+    query rows of one head in turn (:func:`_tile`), one consumer warpgroup for each Br of them.
+    Q, K, V and O come as 2-D views (B * H * N, d): rows past a head's N belong to the next head
+    (or are zero past the end) and are masked like any tail. STAMPS: tile STAMP_AT writes the time
+    stamps of its phases into STAMP (:func:`_stamp`). The partitions are written out once for each
+    number of consumers: warp_specialize takes a list fixed when the kernel is traced."""
     q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES, CONSUMERS)
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS] + desc_o.block_type.shape, desc_o.layout)
     if CONSUMERS == 2:
