@@ -1,8 +1,8 @@
 """FlashAttention-3 forward (Shah et al. 2024, §3.1-3.2, Algorithms 1-2) in Gluon, for Hopper (sm_90).
 
 One program (a CTA: CUDA's thread block) runs on each SM (fewer when there are fewer tiles) and
-takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persistent kernel). It runs
-three partitions:
+takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persistent kernel; 3 * Br
+= 192 at d = 64). It runs three partitions (four at d = 64):
 
     producer    1 warp,  few registers:  TMA-loads Q_i, then K_j, V_j into a ring of STAGES
                                           shared-memory slots (full/empty mbarrier pairs), and
@@ -566,7 +566,8 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D,
                          STAGES, PINGPONG, OVERLAP, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS,
+                         CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # three consumers (d = 64), never ping-pong: see CONSUMERS
         gl.warp_specialize([
@@ -580,7 +581,8 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 2, BLOCK_M, BLOCK_N, HEAD_D,
                          STAGES, False, OVERLAP, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS,
+                         CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, PRODUCER_REGS])
 
 
