@@ -9,7 +9,7 @@ takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persisten
                                           goes on to the next tile's while the consumers finish
     consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
-   (consumer 2  4 warps, at d = 64:       rows [2 Br, 3 Br); tiles of 3 Br rows, :data:`CONSUMERS`)
+    consumer 2  4 warps, d = 64 only:     rows [2 Br, 3 Br) (:data:`CONSUMERS`)
 
 The producer is Algorithm 1's producer warpgroup, the consumers its consumer warpgroups in the
 form of Algorithm 2. Register reallocation (§3.1): the producer gives its registers up
