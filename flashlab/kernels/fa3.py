@@ -2,14 +2,14 @@
 
 One program (a CTA: CUDA's thread block) runs on each SM (fewer when there are fewer tiles) and
 takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persistent kernel; 3 * Br
-= 192 at d = 64). It runs three partitions (four at d = 64):
+= 192 with three consumers). It runs three partitions (or four):
 
     producer    1 warp,  few registers:  TMA-loads Q_i, then K_j, V_j into a ring of STAGES
                                           shared-memory slots (full/empty mbarrier pairs), and
                                           goes on to the next tile's while the consumers finish
     consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
-    consumer 2  4 warps, d = 64 only:     rows [2 Br, 3 Br) (:data:`CONSUMERS`)
+    consumer 2  4 warps, d = 64, no pp:   rows [2 Br, 3 Br) (:data:`CONSUMERS`)
 
 The producer is Algorithm 1's producer warpgroup, the consumers its consumer warpgroups in the
 form of Algorithm 2. Register reallocation (§3.1): the producer gives its registers up
@@ -569,7 +569,7 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, False, STAMP, STAMP_AT, STAMPS,
                          CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:  # three consumers (d = 64), never ping-pong: see CONSUMERS
+    else:  # three consumers (d = 64, both switches off): see CONSUMERS
         gl.warp_specialize([
             (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D,
