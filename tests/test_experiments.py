@@ -131,7 +131,7 @@ def test_in_rounds_rotates_the_order_and_refuses_zero_rounds():
         experiments.in_rounds({}, 2, lambda fn: 1.0)
 
 
-def test_switch_rows_take_medians_and_compare_with_the_default(monkeypatch):
+def test_switch_rows_take_medians_and_compare_with_the_default():
     from flashlab.lab.experiments.fa3 import switch_rows
 
     times = {"cudnn": [1.0, 3.0, 2.0], "pingpong_overlap": [2.0, 2.0, 2.5], "no_pingpong_no_overlap": [1.0, 1.6, 4.0]}
@@ -140,25 +140,25 @@ def test_switch_rows_take_medians_and_compare_with_the_default(monkeypatch):
                                               "ms": 1.6, "tflops": 2500.0, "spread": 1.875, "vs_default": 1.25}
     assert rows["pingpong_overlap"]["vs_default"] == 1.0 and rows["cudnn"]["spread"] == 1.0
     # the default is each head dimension's (flashlab.kernels.fa3.SWITCHES), with three consumer
-    # warpgroups at d = 64 when both switches are off (flashlab.kernels.fa3.CONSUMERS)
-    from flashlab.kernels import fa3
-
-    monkeypatch.setitem(fa3.SWITCHES, 64, (False, False))
-    times["no_pingpong_no_overlap_3wg"] = times.pop("no_pingpong_no_overlap")
+    # warpgroups at d = 64 without the mask (flashlab.kernels.fa3.CONSUMERS)
+    times["no_pingpong_no_overlap_3wg"] = [2.0, 2.0, 2.0]
+    rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, False, flops=4e12)}
+    assert rows["no_pingpong_no_overlap_3wg"]["vs_default"] == 1.0 and rows["no_pingpong_no_overlap"]["vs_default"] == 1.25
     rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, True, flops=4e12)}
-    assert rows["no_pingpong_no_overlap_3wg"]["vs_default"] == 1.0 and rows["pingpong_overlap"]["vs_default"] == 0.8
-    with pytest.raises(ValueError, match="must hold the default setting 'pingpong_overlap' of d = 128"):
+    assert rows["no_pingpong_no_overlap"]["vs_default"] == 1.0 and rows["no_pingpong_no_overlap_3wg"]["vs_default"] == 0.8
+    with pytest.raises(ValueError, match="must hold the default setting 'pingpong_overlap' of d = 128, causal = True"):
         switch_rows({"cudnn": [1.0]}, 128, 4096, True, flops=1.0)
-    with pytest.raises(ValueError, match="'no_pingpong_no_overlap_3wg' of d = 64"):
-        switch_rows({"cudnn": [1.0], "no_pingpong_no_overlap": [1.0]}, 64, 4096, True, flops=1.0)
+    with pytest.raises(ValueError, match="'no_pingpong_no_overlap_3wg' of d = 64, causal = False"):
+        switch_rows({"cudnn": [1.0], "no_pingpong_no_overlap": [1.0]}, 64, 4096, False, flops=1.0)
+    with pytest.raises(ValueError, match="'no_pingpong_no_overlap' of d = 64, causal = True"):
+        switch_rows({"cudnn": [1.0], "no_pingpong_no_overlap_3wg": [1.0]}, 64, 4096, True, flops=1.0)
 
 
 def test_forward_switches_default_per_head_dimension():
     from flashlab.kernels import fa3
     from flashlab.lab.experiments.fa3 import switch_name
 
-    assert fa3.SWITCHES == {64: (True, True), 128: (True, True)} and fa3.switches(128) == (True, True)
-    assert fa3.MEASURED_BEST[64] == (False, False)  # run 12; the default once the GPU test has checked it
+    assert fa3.SWITCHES == {64: (False, False), 128: (True, True)} and fa3.switches(128) == (True, True)
     assert fa3.switches(64, pingpong=False) == (False, fa3.SWITCHES[64][1])
     assert fa3.switches(128, overlap=False) == (True, False) and fa3.switches(64, False, False) == (False, False)
     assert switch_name(False, False, 3) == "no_pingpong_no_overlap_3wg" and switch_name(True, False) == "pingpong_no_overlap"

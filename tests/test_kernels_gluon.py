@@ -11,8 +11,8 @@ reads the compiled code for FA3's structure (§3.1-3.2):
 - the GEMMs: ``wgmma`` for S = Q K^T from shared memory and O += P V with P from registers;
 - intra-warpgroup overlap: ``wgmma.wait_group 1`` (S is ready while P V may still run);
 - ping-pong: the turn barriers add waits that the ``pingpong=False`` build does not have;
-- the default build of each head dimension follows ``fa3.SWITCHES``, and ``fa3.MEASURED_BEST``'s
-  settings compile with the same structure;
+- the default build of each head dimension follows ``fa3.SWITCHES`` and ``fa3.CONSUMERS``, and
+  d = 64 builds with the other number of consumer warpgroups too;
 - persistence: one program per SM takes tiles in turn, and O leaves through shared memory by a
   TMA store (``cp.async.bulk.tensor`` to global) that runs while the next tile begins;
 - no register spills in the key-block loop and shared memory within the 227 KB of a CTA.
@@ -62,9 +62,10 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal)
         elif pingpong == "stamps":  # the build with time stamps
             k = fa3.compile_sm90(getattr(torch, dtype), d, causal, stamps=True)
-        elif isinstance(pingpong, str) and pingpong.startswith("switches"):  # "switches-P-O", P and O 0 or 1
-            _, p, o = pingpong.split("-")
-            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, p == "1", o == "1")
+        elif isinstance(pingpong, str) and pingpong.startswith("switches"):  # "switches-P-O[-W]": _switch_key
+            _, p, o, *w = pingpong.split("-")
+            k = fa3.compile_sm90(getattr(torch, dtype), d, causal, p == "1", o == "1",
+                                 consumers=int(w[0]) if w else None)
         elif isinstance(pingpong, str):  # an ablation schedule
             k = fa3_schedules.compile_sm90(pingpong, getattr(torch, dtype), d, causal)
         elif pingpong is None:  # what forward runs by default (fa3.SWITCHES)
@@ -80,6 +81,10 @@ print(json.dumps(out))
 FP8_COMBOS = [(d, causal) for d in (64, 128) for causal in (False, True)]
 SCHEDULE_BUILDS = [("no_overlap", 128, False), ("no_warp_specialization", 128, False),
                    ("no_warp_specialization", 64, True)]
+# (d, causal, consumers) of test_default_build_follows_the_switches: each default build (None),
+# and at d = 64 the other number of consumer warpgroups (5 - 3 = 2, 5 - 2 = 3)
+SWITCH_BUILDS = ([(d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
+                 + [(64, c, 5 - fa3.CONSUMERS[(64, c)]) for c in (False, True)])
 
 
 @functools.cache
@@ -92,19 +97,25 @@ def _builds() -> dict:
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
-    # each setting test_default_build_follows_the_switches reads, and it with ping-pong flipped
-    settings = dict.fromkeys((d, p2, o) for table in (fa3.SWITCHES, fa3.MEASURED_BEST)
-                             for d, (p, o) in table.items() for p2 in (p, not p))
-    wanted += [("bfloat16", d, c, _switch_key(p, o)) for d, p, o in settings for c in (False, True)]
+    # what test_default_build_follows_the_switches reads: d = 64 with the other number of consumers,
+    # and each two-consumer build with ping-pong flipped
+    for d, c, w in SWITCH_BUILDS:
+        p, o = fa3.switches(d)
+        if w is not None:
+            wanted.append(("bfloat16", d, c, _switch_key(p, o, w)))
+        if fa3.consumer_count(d, p, o, c, w) == 2:
+            wanted.append(("bfloat16", d, c, _switch_key(not p, o)))
+    wanted = list(dict.fromkeys(wanted))
     run = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(wanted)], capture_output=True, text=True,
                          env=sm90_build_env(), timeout=600, cwd=Path(__file__).parent.parent)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _switch_key(pingpong: bool, overlap: bool) -> str:
-    """The build key of fa3.compile_sm90 with these two switches."""
-    return f"switches-{int(pingpong)}-{int(overlap)}"
+def _switch_key(pingpong: bool, overlap: bool, consumers: int | None = None) -> str:
+    """The build key of fa3.compile_sm90 with these two switches (and this many consumer
+    warpgroups; None: fa3.consumer_count's default)."""
+    return f"switches-{int(pingpong)}-{int(overlap)}" + ("" if consumers is None else f"-{consumers}")
 
 
 def _compiled(dtype: torch.dtype, d: int, causal: bool, pingpong: bool | str | None = True):
@@ -303,19 +314,17 @@ def test_config_fits_shared_memory():
 
 
 # --------------------------------------------------------------- the ablation's schedules, compiled
-@pytest.mark.parametrize("d", fa3.HEAD_DIMS)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("table", ["SWITCHES", "MEASURED_BEST"])
-def test_default_build_follows_the_switches(table, d, causal):
-    """What forward runs by default (fa3.SWITCHES), and the fastest setting measured
-    (fa3.MEASURED_BEST, both off at d = 64): the overlap's wait for S alone and the turn barriers
-    exactly when the switches say so; three consumer warpgroups when both are off at d = 64
-    (fa3.CONSUMERS: 4 + 4 + 4 + 1 warps, four warpgroups, 168 registers for consumer 0, 160 for
-    the other two, 24 for the producer). No spills in the key-block loops; the persistent tile
-    loop may keep a few registers on the stack (at most 64 bytes, 128 with three consumers)."""
-    pingpong, overlap = getattr(fa3, table)[d]
-    n_wg = fa3.consumer_count(d, pingpong, overlap)
-    k = _compiled(torch.bfloat16, d, causal, None if table == "SWITCHES" else _switch_key(pingpong, overlap))
+@pytest.mark.parametrize("d, causal, consumers", SWITCH_BUILDS)
+def test_default_build_follows_the_switches(d, causal, consumers):
+    """What forward runs by default (fa3.SWITCHES: both on at d = 128, both off at 64): the
+    overlap's wait for S alone and the turn barriers exactly when the switches say so; three
+    consumer warpgroups at d = 64 without the mask, two with it (fa3.CONSUMERS), and the other
+    count when asked. Three: 4 + 4 + 4 + 1 warps, four warpgroups, 168 registers for consumer 0,
+    160 for the other two, 24 for the producer. No spills in the key-block loops; the persistent
+    tile loop may keep a few registers on the stack (at most 64 bytes, 128 with three consumers)."""
+    pingpong, overlap = fa3.switches(d)
+    n_wg = fa3.consumer_count(d, pingpong, overlap, causal, consumers)
+    k = _compiled(torch.bfloat16, d, causal, None if consumers is None else _switch_key(pingpong, overlap, consumers))
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
     if n_wg == 2:  # the turn barriers' waits, against the build with ping-pong the other way
@@ -344,17 +353,18 @@ def test_default_build_follows_the_switches(table, d, causal):
 
 
 def test_consumer_count_and_what_it_refuses():
-    assert fa3.consumer_count(64, False, False) == 3 and fa3.consumer_count(64, True, True) == 2
-    assert fa3.consumer_count(64, False, True) == 2 and fa3.consumer_count(64, True, False) == 2
-    assert fa3.consumer_count(128, False, False) == 2 and fa3.consumer_count(64, False, False, 2) == 2
+    assert fa3.consumer_count(64, False, False, False) == 3 and fa3.consumer_count(64, False, False, True) == 2
+    assert fa3.consumer_count(64, True, True, False) == 2 and fa3.consumer_count(64, False, True, False) == 2
+    assert fa3.consumer_count(64, True, False, False) == 2 and fa3.consumer_count(128, False, False, False) == 2
+    assert fa3.consumer_count(64, False, False, False, 2) == 2 and fa3.consumer_count(64, False, False, True, 3) == 3
     with pytest.raises(ValueError, match="three consumers need pingpong and overlap off; got pingpong = True"):
-        fa3.consumer_count(64, True, False, 3)
+        fa3.consumer_count(64, True, False, False, 3)
     with pytest.raises(ValueError, match="got pingpong = False, overlap = True"):
-        fa3.consumer_count(64, False, True, 3)
+        fa3.consumer_count(64, False, True, True, 3)
     with pytest.raises(ValueError, match=r"consumers must be one of \(2,\) at d = 128; got 3"):
-        fa3.consumer_count(128, False, False, 3)
+        fa3.consumer_count(128, False, False, False, 3)
     with pytest.raises(ValueError, match=r"consumers must be one of \(2, 3\) at d = 64; got True"):
-        fa3.consumer_count(64, False, False, True)
+        fa3.consumer_count(64, False, False, False, True)
     with pytest.raises(ValueError, match="three consumers need pingpong and overlap off"):
         fa3.compile_sm90(torch.bfloat16, 64, False, pingpong=True, consumers=3)
 
@@ -504,13 +514,12 @@ def test_the_other_pingpong_setting_matches_too(case):
 @needs_gpu
 @needs_hopper
 @pytest.mark.parametrize("case", [c for c in experiment.CASES if c[4] == 64], ids=str)
-def test_measured_best_schedule_matches(case):
-    """fa3.MEASURED_BEST at d = 64 (both switches off; run 12 timed it fastest): against the
-    float64 reference and race-free, before it may become the default (fa3.SWITCHES)."""
-    pingpong, overlap = fa3.MEASURED_BEST[64]
-    row = experiment.check_case(*case, pingpong=pingpong, overlap=overlap)
+def test_three_consumers_at_d64_match(case):
+    """d = 64, both switches off, with three consumer warpgroups (the default without the mask;
+    with it, two): against the float64 reference, and race-free."""
+    row = experiment.check_case(*case, pingpong=False, overlap=False, consumers=3)
     assert row["ok"], f"{case}: {row}"
-    race = experiment.race_check(d=64, causal=case[5], pingpong=pingpong, overlap=overlap)
+    race = experiment.race_check(d=64, causal=case[5], pingpong=False, overlap=False, consumers=3)
     assert race["identical"] and race["nan_overwritten"], race
 
 
@@ -519,7 +528,7 @@ def test_measured_best_schedule_matches(case):
 @needs_hopper
 @pytest.mark.parametrize("case", [c for c in experiment.CASES if c[4] == 64], ids=str)
 def test_two_consumers_at_d64_match_too(case):
-    """d = 64, both switches off, with two consumer warpgroups (three are the default then)."""
+    """d = 64, both switches off, with two consumer warpgroups (the default with the mask)."""
     row = experiment.check_case(*case, pingpong=False, overlap=False, consumers=2)
     assert row["ok"], f"{case}: {row}"
     race = experiment.race_check(d=64, causal=case[5], pingpong=False, overlap=False, consumers=2)
@@ -543,10 +552,10 @@ def test_race_free(d, causal):
 @pytest.mark.parametrize("n", [1152, 1280])
 def test_causal_tiles_dealt_in_pairs_are_all_right(n):
     """Causal with enough tiles to deal them in pairs (DEAL = 2), an even and an odd number of
-    tiles a head (9 and 10 of 128 rows; 6 and 7 of 192): every tile matches the float64
+    tiles a head (9 and 10 of 128 rows): every tile matches the float64
     reference, and a NaN-filled output buffer is overwritten everywhere."""
     B, H, d = 2, 30, 64
-    rows = fa3.consumer_count(d, *fa3.switches(d)) * fa3.BLOCK_M
+    rows = fa3.consumer_count(d, *fa3.switches(d), True) * fa3.BLOCK_M
     n_tiles = -(-n // rows) * B * H
     assert fa3.programs(n_tiles, True, torch.device("cuda"))[1] == 2
     row = experiment.check_case(B, H, n, n, d, True, torch.bfloat16)

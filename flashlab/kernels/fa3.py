@@ -9,7 +9,7 @@ takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persisten
                                           goes on to the next tile's while the consumers finish
     consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
-    consumer 2  4 warps, d = 64, no pp:   rows [2 Br, 3 Br) (:data:`CONSUMERS`)
+    consumer 2  4 warps (d = 64):         rows [2 Br, 3 Br), without a mask (:data:`CONSUMERS`)
 
 The producer is Algorithm 1's producer warpgroup, the consumers its consumer warpgroups in the
 form of Algorithm 2. Register reallocation (§3.1): the producer gives its registers up
@@ -18,9 +18,9 @@ issue their GEMMs in turn, so one warpgroup's softmax runs while the other's GEM
 tensor cores. Intra-warpgroup overlap (§3.2, Algorithm 2): S_next = Q_i K_j^T is issued
 asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while P_cur V_{j-1}
 is still on the tensor cores. The epilogue writes O through shared memory with one TMA store,
-which runs on while the warpgroup starts its next tile. Both schedules run by default
-(:data:`SWITCHES`); at d = 64, where the tensor cores and the exp unit need equal time, both off
-was faster (:data:`MEASURED_BEST`).
+which runs on while the warpgroup starts its next tile. Each head dimension runs the schedule
+measured fastest for it (:data:`SWITCHES`): both on at d = 128; at d = 64, where the tensor
+cores and the exp unit need equal time, both off, with a third consumer when there is no mask.
 
 Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
 P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
@@ -62,7 +62,7 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
 # TMA shared -> global add: global[coord + block] += shared, by bulk reduce-adds, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
-__all__ = ["CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "MEASURED_BEST", "SWITCHES", "check_build",
+__all__ = ["CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "SWITCHES", "check_build",
            "check_shapes", "compile_for_sm90", "compile_sm90", "config", "consumer_count", "fa3_forward", "forward",
            "supported", "switches", "tensor_descriptor_type"]
 
@@ -103,20 +103,19 @@ STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _sta
 # cycles (4096 bf16 flops a cycle) and its exp unit 2 Br Bc / 16 cycles (16 exp2 a cycle).
 # At d = 128 that is 2048 against 1024: ordering the GEMMs hides the softmax behind the other
 # warpgroup's GEMMs. At d = 64 it is 1024 against 1024, with no slack for a late hand-over, and
-# both switches off had the best median at every d = 64 shape of results/fa3_backward/run12
-# (3-5 %; at d = 128 nothing beat both on beyond the rounds' spread). MEASURED_BEST holds those
-# settings; d = 64's becomes the default once its outputs have been checked
-# against the float64 reference on a GPU (test_measured_best_schedule_matches in
-# tests/test_kernels_gluon.py). Each switch alone has been checked there at d = 64, the two
-# together not yet.
-SWITCHES = {64: (True, True), 128: (True, True)}
-MEASURED_BEST = {64: (False, False), 128: (True, True)}
-# Consumer warpgroups a program runs, each with its own Br query rows of the tile, by head
-# dimension, when both switches are off. At d = 64 a warpgroup's step is a chain (S, its row max,
-# the exponentials, the row sum, P V) whose waits only other warpgroups' work can fill, and two
-# are too few to fill them; FlashAttention-3 runs three there too. Ping-pong orders two
-# warpgroups, and the overlap's second S would not fit three consumers' registers.
-CONSUMERS = {64: 3, 128: 2}
+# both switches off had the best median of the four settings at every d = 64 shape
+# (results/fa3_backward/run12 and run13, 2-5 %); at d = 128 nothing beat both on beyond the
+# rounds' spread.
+SWITCHES = {64: (False, False), 128: (True, True)}
+# Consumer warpgroups a program runs when both switches are off, each with its own Br query rows
+# of the tile, by (head dimension, causal). At d = 64 a warpgroup's step is a chain (S, its row
+# max, the exponentials, the row sum, P V) whose waits only other warpgroups' work can fill;
+# FlashAttention-3 runs three there. Without the mask three were 3-8 % faster than two (run13).
+# With it they lost: a tile of 3 Br = 192 rows ends mid key block, so its first consumers work
+# through key blocks their rows never see (9 % more blocks than two consumers at N = 4096), and
+# the last, ragged tile of a head is the longest. Ping-pong orders two warpgroups, and the
+# overlap's second S would not fit three consumers' registers.
+CONSUMERS = {(64, False): 3, (64, True): 2, (128, False): 2, (128, True): 2}
 
 
 def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None) -> tuple[bool, bool]:
@@ -129,14 +128,14 @@ def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None) 
             default_overlap if overlap is None else bool(overlap))
 
 
-def consumer_count(d: int, pingpong: bool, overlap: bool, n: int | None = None) -> int:
-    """Consumer warpgroups for head dimension ``d``: ``n``, or :data:`CONSUMERS`' default where it
-    is None and both switches are off, else two. Ping-pong orders two warpgroups, and with the
-    overlap a consumer holds a second S, which three consumers' registers (160 a thread) cannot;
-    three fit only at d = 64 (at d = 128 their O and S would need more registers and shared memory
-    than a CTA has)."""
+def consumer_count(d: int, pingpong: bool, overlap: bool, causal: bool, n: int | None = None) -> int:
+    """Consumer warpgroups for head dimension ``d``: ``n``, or where it is None
+    :data:`CONSUMERS`' default for (d, causal) when both switches are off, else two. Ping-pong
+    orders two warpgroups, and with the overlap a consumer holds a second S, which three
+    consumers' registers (160 a thread) cannot; three fit only at d = 64 (at d = 128 their O and
+    S would need more registers and shared memory than a CTA has)."""
     if n is None:
-        return CONSUMERS[d] if not (pingpong or overlap) else 2
+        return CONSUMERS[(d, bool(causal))] if not (pingpong or overlap) else 2
     allowed = (2, 3) if d == 64 else (2,)
     if isinstance(n, bool) or n not in allowed:
         raise ValueError(f"consumers must be one of {allowed} at d = {d}; got {n!r}")
@@ -676,7 +675,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
     S before each softmax with no GEMM in flight; None takes the head dimension's default
     (:data:`SWITCHES`); ``consumers``: consumer warpgroups, 2 or 3 (None:
-    :func:`consumer_count`, three at d = 64 with both switches off); ``out`` is a (B, H, N_q, d)
+    :func:`consumer_count`: three at d = 64 without the mask); ``out`` is a (B, H, N_q, d)
     buffer to write O into (tests fill it with NaN first). ``stamps``: build with time stamps
     (STAMPS=True, two consumers only) and let tile ``stamp_at`` (query tile + batch-head * query
     tiles per head, :func:`_tile`) write them into this int64
@@ -693,7 +692,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
     pingpong, overlap = switches(D, pingpong, overlap)
-    n_consumers = consumer_count(D, pingpong, overlap, consumers)
+    n_consumers = consumer_count(D, pingpong, overlap, causal, consumers)
     n_programs, deal = programs(triton.cdiv(N_Q, n_consumers * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     grid = (n_programs,)
     stamping = {}
@@ -780,7 +779,7 @@ def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool
     c = config(d)
     gl_dtype = _GL_DTYPES[dtype]
     pingpong, overlap = switches(d, pingpong, overlap)
-    n_consumers = consumer_count(d, pingpong, overlap, consumers)
+    n_consumers = consumer_count(d, pingpong, overlap, causal, consumers)
     if stamps and n_consumers != 2:
         raise ValueError(f"stamps need two consumer warpgroups (their slots); got consumers = {n_consumers}")
     constexprs = dict(CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, CONSUMERS=n_consumers, **c,

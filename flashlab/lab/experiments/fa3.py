@@ -245,10 +245,10 @@ def smoke(pingpong: bool | None) -> dict[str, object]:
     return check_case(1, 2, 300, 300, 128, True, torch.bfloat16, pingpong=pingpong)
 
 
-def _switch_columns(d: int, pingpong: bool | None) -> dict[str, bool]:
-    """The switches a correctness row ran with: ``pingpong`` as asked, the rest d's default."""
+def _switch_columns(d: int, pingpong: bool | None, causal: bool) -> dict[str, object]:
+    """The schedule a correctness row ran with: ``pingpong`` as asked, the rest d's default."""
     pingpong, overlap = default_switches(d, pingpong)
-    return {"pingpong": pingpong, "overlap": overlap}
+    return {"pingpong": pingpong, "overlap": overlap, "consumers": consumer_count(d, pingpong, overlap, causal)}
 
 
 def correctness(pingpong: bool | None = None) -> list[dict[str, object]]:
@@ -256,8 +256,9 @@ def correctness(pingpong: bool | None = None) -> list[dict[str, object]]:
     (``pingpong`` None: each head dimension's default, which the rows name)."""
     rows = []
     for B, H, n_q, n_k, d, causal, dtype in CASES:
-        row: dict[str, object] = {"case": "attention", **_switch_columns(d, pingpong), "B": B, "H": H, "N_q": n_q,
-                                  "N_k": n_k, "d": d, "causal": causal, "dtype": str(dtype).removeprefix("torch.")}
+        row: dict[str, object] = {"case": "attention", **_switch_columns(d, pingpong, causal), "B": B, "H": H,
+                                  "N_q": n_q, "N_k": n_k, "d": d, "causal": causal,
+                                  "dtype": str(dtype).removeprefix("torch.")}
         print("start", _line(row), flush=True)  # a case that hangs is the last one started
         try:
             row.update(check_case(B, H, n_q, n_k, d, causal, dtype, pingpong=pingpong), status="ok")
@@ -267,7 +268,7 @@ def correctness(pingpong: bool | None = None) -> list[dict[str, object]]:
         rows.append(row)
         print(_line(row), flush=True)
     for d in (128, 64):
-        row = {"case": "race", **_switch_columns(d, pingpong), "B": 2, "H": 4, "N_q": 1531, "N_k": 1531, "d": d,
+        row = {"case": "race", **_switch_columns(d, pingpong, True), "B": 2, "H": 4, "N_q": 1531, "N_k": 1531, "d": d,
                "causal": True, "dtype": "bfloat16"}
         print("start", _line(row), flush=True)
         try:
@@ -357,23 +358,25 @@ def switch_name(pingpong: bool, overlap: bool, consumers: int = 2) -> str:
             + ("_3wg" if consumers == 3 else ""))
 
 
-def default_switch_name(d: int) -> str:
+def default_switch_name(d: int, causal: bool) -> str:
     """The record's name for what :func:`flashlab.kernels.fa3.forward` runs at head dimension ``d``
-    by default (:data:`flashlab.kernels.fa3.SWITCHES`, :data:`flashlab.kernels.fa3.CONSUMERS`)."""
+    by default, with or without the mask (:data:`flashlab.kernels.fa3.SWITCHES`,
+    :data:`flashlab.kernels.fa3.CONSUMERS`)."""
     pingpong, overlap = default_switches(d)
-    return switch_name(pingpong, overlap, consumer_count(d, pingpong, overlap))
+    return switch_name(pingpong, overlap, consumer_count(d, pingpong, overlap, causal))
 
 
 def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flops: float) -> list[dict[str, object]]:
     """Rows of one shape of :func:`switches` from each contender's times over the rounds
     (:func:`~flashlab.lab.experiments.round_summary`), with the ratio of the default setting's
     median to each (``vs_default``; above 1: faster than it). ``times`` must hold the default
-    setting of head dimension ``d`` (:func:`default_switch_name`)."""
+    setting of head dimension ``d`` with or without the mask (:func:`default_switch_name`)."""
     from flashlab.lab.experiments import round_summary
 
-    default = default_switch_name(d)
+    default = default_switch_name(d, causal)
     if default not in times:
-        raise ValueError(f"times must hold the default setting {default!r} of d = {d}; got {sorted(times)}")
+        raise ValueError(f"times must hold the default setting {default!r} of d = {d}, causal = {causal}; "
+                         f"got {sorted(times)}")
     summaries = {name: round_summary(ts, flops) for name, ts in times.items()}
     default_ms = summaries[default]["ms"]
     return [{"impl": name, "d": d, "N": n, "causal": causal, **summary,
