@@ -164,3 +164,14 @@ def test_forward_switches_default_per_head_dimension():
     assert switch_name(False, False, 3) == "no_pingpong_no_overlap_3wg" and switch_name(True, False) == "pingpong_no_overlap"
     with pytest.raises(ValueError, match=r"d must be one of \(64, 128\); got 96"):
         fa3.switches(96)
+
+
+def test_fp8_switches_time_every_setting_beside_the_peers():
+    from flashlab.lab.experiments.fa3 import fp8_switch_contenders
+
+    assert experiments.EXPERIMENTS["fp8switches"] == "flashlab.lab.experiments.fa3:fp8_switches"
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 256, 64, generator=g, dtype=torch.bfloat16) for _ in range(4))
+    fns = fp8_switch_contenders(q, k, v, do, causal=True)
+    assert set(fns) == {"cudnn", "bf16_default", "triton_fp8", "fp8_pingpong_overlap", "fp8_pingpong_no_overlap",
+                        "fp8_no_pingpong_overlap", "fp8_no_pingpong_no_overlap"}

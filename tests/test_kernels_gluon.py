@@ -58,7 +58,10 @@ out = {}
 for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
     key = f"{dtype}-{d}-{causal}-{pingpong}"
     try:
-        if dtype == "float8_e4m3fn":  # the FP8 kernel
+        if dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
+            _, p, o = pingpong.split("-")
+            k = fa3_fp8.compile_sm90(d, causal, pingpong=p == "1", overlap=o == "1")
+        elif dtype == "float8_e4m3fn":  # the FP8 kernel as it runs by default
             k = fa3_fp8.compile_sm90(d, causal)
         elif pingpong == "stamps":  # the build with time stamps
             k = fa3.compile_sm90(getattr(torch, dtype), d, causal, stamps=True)
@@ -79,6 +82,7 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 FP8_COMBOS = [(d, causal) for d in (64, 128) for causal in (False, True)]
+FP8_SWITCH_BUILDS = [(True, True), (False, True), (True, False), (False, False)]  # (pingpong, overlap)
 SCHEDULE_BUILDS = [("no_overlap", 128, False), ("no_warp_specialization", 128, False),
                    ("no_warp_specialization", 64, True)]
 # (d, causal, consumers) of test_default_build_follows_the_switches: each default build (None),
@@ -94,6 +98,7 @@ def _builds() -> dict:
 
     wanted = [(str(t).removeprefix("torch."), d, c, True) for t, d, c in COMBOS] + [("bfloat16", 128, False, False)]
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
+    wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
@@ -417,6 +422,28 @@ def test_fp8_compiled_code_has_fa3_structure(d, causal):
     assert k.metadata.shared <= 227 * 1024
 
 
+@pytest.mark.parametrize("pingpong, overlap", FP8_SWITCH_BUILDS[1:])
+def test_fp8_switches_change_the_schedule(pingpong, overlap):
+    """The FP8 kernel's two switches, as the bf16 kernel's: the overlap's wait for S alone exactly
+    when ``overlap``, the turn barriers' waits exactly when ``pingpong`` (against the build with
+    ping-pong the other way), the partitions and register budgets either way, no spills."""
+    k = _compiled(torch.float8_e4m3fn, 128, False, _switch_key(pingpong, overlap))
+    flipped = _compiled(torch.float8_e4m3fn, 128, False, _switch_key(not pingpong, overlap))
+    ptx = k.asm["ptx"]
+    assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
+    waits = ptx.count("mbarrier.try_wait"), flipped.asm["ptx"].count("mbarrier.try_wait")
+    assert (waits[0] > waits[1]) == pingpong and waits[0] != waits[1], waits
+    assert "ttg.warp_specialize" in k.asm["ttgir"] and k.metadata.num_warps == 12
+    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
+    usage = _resource_usage(k.asm["cubin"])
+    if usage:
+        loops = key_block_loops(_sass(k.asm["cubin"]), "DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2")
+        assert len(loops) >= 2, f"found {len(loops)} key-block loops for two consumers"
+        spills = sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip())) for body in loops for o in body)
+        assert spills <= len(loops), f"{spills} local-memory accesses in the key-block loops"
+
+
 def test_fp8_v_layout_matches_the_key_order():
     """wgmma_v(v)[..., :, k] is v's key key_order[k] (zero past N_k), whatever v's strides; the
     order is _as_operand's: within 16 keys, column k = 8 c2 + 4 c1 + 2 c3 + c0 holds key
@@ -609,6 +636,20 @@ def test_fp8_matches_dequantised_reference(case):
     kernel's on the same inputs; lse within 1e-3 relative, -inf where a row sees no key."""
     row = experiment.fp8_check_case(*case)
     assert row["ok"], f"{case}: {row}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("pingpong, overlap", FP8_SWITCH_BUILDS[1:])
+@pytest.mark.parametrize("case", experiment.FP8_CASES, ids=str)
+def test_fp8_other_switches_match_too(case, pingpong, overlap):
+    """The FP8 kernel's other settings of its two switches (fa3_fp8.SWITCHES: both on): as
+    test_fp8_matches_dequantised_reference, and race-free."""
+    row = experiment.fp8_check_case(*case, pingpong=pingpong, overlap=overlap)
+    assert row["ok"], f"{case}: {row}"
+    race = experiment.fp8_race_check(d=case[4], causal=case[5], pingpong=pingpong, overlap=overlap)
+    assert race["ok"], race
 
 
 @pytest.mark.gpu

@@ -118,12 +118,13 @@ SWITCHES = {64: (False, False), 128: (True, True)}
 CONSUMERS = {(64, False): 3, (64, True): 2, (128, False): 2, (128, True): 2}
 
 
-def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None) -> tuple[bool, bool]:
-    """(pingpong, overlap) for head dimension ``d``: each as given, or :data:`SWITCHES`' default
-    for ``d`` where it is None."""
-    if d not in SWITCHES:
-        raise ValueError(f"d must be one of {tuple(SWITCHES)}; got {d}")
-    default_pingpong, default_overlap = SWITCHES[d]
+def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None,
+             table: dict[int, tuple[bool, bool]] = SWITCHES) -> tuple[bool, bool]:
+    """(pingpong, overlap) for head dimension ``d``: each as given, or the default for ``d`` in
+    ``table`` (:data:`SWITCHES`; the FP8 kernel passes its own) where it is None."""
+    if d not in table:
+        raise ValueError(f"d must be one of {tuple(table)}; got {d}")
+    default_pingpong, default_overlap = table[d]
     return (default_pingpong if pingpong is None else bool(pingpong),
             default_overlap if overlap is None else bool(overlap))
 

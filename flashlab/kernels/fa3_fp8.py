@@ -46,8 +46,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from . import fa3
 from ._common import LN2, LOG2E, check_scale
 
-__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "OUT_DTYPES", "compile_sm90", "config", "fa3_fp8_forward", "forward", "key_order",
-           "wgmma_v"]
+__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "OUT_DTYPES", "SWITCHES", "compile_sm90", "config", "fa3_fp8_forward",
+           "forward", "key_order", "wgmma_v"]
 
 GLUON_FP8_IMPL = "gluon"  # the name flash_attention_fp8(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -56,6 +56,10 @@ _GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 FP8_DTYPE = torch.float8_e4m3fn
 P_SHIFT = 8.0  # P = 2^8 exp2(S - m): FA3's Max_offset, as in flashlab.kernels.fp8
 _SHIFT = gl.constexpr(P_SHIFT)
+# (ping-pong, intra-warpgroup overlap) each head dimension runs by default, as fa3.SWITCHES is for
+# bf16. FP8 halves the GEMMs' time and not the softmax's: at d = 128 the tensor cores and the exp
+# unit need equal time for a pair of key blocks, as bf16 at d = 64.
+SWITCHES = {64: (True, True), 128: (True, True)}
 
 
 def config(d: int) -> dict:
@@ -90,9 +94,11 @@ def _descale_at(D, bh, n_blocks_per_head, row, BLOCK: gl.constexpr):
 def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
                   N_Q, N_K, BH, DEAL, qk_scale,
                   CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
+                  HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
+                  PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
-    program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T."""
+    program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
+    (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax)."""
     q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
@@ -107,8 +113,9 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     causal_offset = N_K - N_Q
     c = 0  # ring position (key blocks consumed over all tiles)
     n = 0  # tiles done
-    if WG == 1:
-        mbarrier.arrive(turn.index(0), count=1)
+    if PINGPONG:
+        if WG == 1:  # consumer 0 goes first
+            mbarrier.arrive(turn.index(0), count=1)
 
     for tj in range(fa3._tile_count(N_Q, BH, DEAL, BLOCK_M)):
         bh, m0, n_blocks, _ = fa3._tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
@@ -125,9 +132,9 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         first = c % STAGES  # block 0's slot
         mbarrier.wait(q_full.index(WG), n & 1)
         mbarrier.wait(k_full.index(first), (c // STAGES) & 1)
-        fa3._take_turn(turn, c + n, WG, True)
+        fa3._take_turn(turn, c + n, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        fa3._pass_turn(turn, WG, True)
+        fa3._pass_turn(turn, WG, PINGPONG)
         f = r
         if K_SB != 0:
             f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
@@ -143,7 +150,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             stage = (c + j) % STAGES
             prev = (c + j - 1) % STAGES
             mbarrier.wait(k_full.index(stage), ((c + j) // STAGES) & 1)
-            fa3._take_turn(turn, c + n + j, WG, True)
+            fa3._take_turn(turn, c + n + j, WG, PINGPONG)
             s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             start_n = j * BLOCK_N
             f = r
@@ -153,15 +160,19 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
             o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
-            fa3._pass_turn(turn, WG, True)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            fa3._pass_turn(turn, WG, PINGPONG)
+            if OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+            else:  # both GEMMs done before the softmax
+                o, s = warpgroup_mma_wait(0, deps=(o_tok, s_tok))
             mbarrier.arrive(k_empty.index(stage), count=1)
             p_next, m_i, l_i, alpha = fa3._softmax_step(
                 s, m_i, l_i, row0, start_n, N_K, causal_offset, f,
                 fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, _SHIFT)
             # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
-            o = warpgroup_mma_wait(0, deps=(o_tok,))
+            if OVERLAP:
+                o = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(prev), count=1)
             p = gl.convert_layout(_as_operand(p_next.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
         mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
@@ -169,9 +180,9 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         last = (c + n_blocks - 1) % STAGES
         o = o * gl.convert_layout(alpha, row_o)[:, None]
         mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
-        fa3._take_turn(turn, c + n + n_blocks, WG, True)
+        fa3._take_turn(turn, c + n + n_blocks, WG, PINGPONG)
         o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)
-        fa3._pass_turn(turn, WG, True)
+        fa3._pass_turn(turn, WG, PINGPONG)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(last), count=1)
         # O = O dv / l and lse = m + log2(l) - 8: l summed the 2^8-scaled P, as O did
@@ -186,16 +197,19 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
 @gluon.jit(do_not_specialize=["N_Q", "DEAL"])  # as fa3._fa3_kernel
 def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, BH, DEAL, qk_scale,
                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                    STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr):
+                    STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
+                    PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
     (B * H * d, N_k), O as (B * H * N_q, d)."""
     q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     gl.warp_specialize([
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
-                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
+                         PINGPONG, OVERLAP)),
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
-                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB)),
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
+                         PINGPONG, OVERLAP)),
         (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True)),
     ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
@@ -264,12 +278,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
             v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
             v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16,
-            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the kernel; arguments as :func:`fa3_fp8_forward`. Returns o and lse2 (log2 units)."""
+            out: torch.Tensor | None = None, pingpong: bool | None = None,
+            overlap: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
+    :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d).
+    Returns o and lse2 (log2 units)."""
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
     scale = check_scale(scale, D)
+    pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
     qd = _descale("q_descale", q_descale, q_block, B, H, N_Q, q.device)
     kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
     vd = _descale("v_descale", v_descale, None, B, H, N_K, q.device)
@@ -292,7 +310,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     n_programs, deal = fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
                                    scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
-                                   **c, num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+                                   PINGPONG=pingpong, OVERLAP=overlap, **c, num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
     return o, lse2
 
 
@@ -324,13 +342,16 @@ def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
-                 out_dtype: torch.dtype = torch.bfloat16):
-    """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`)."""
+                 out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None):
+    """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
+    ``pingpong``, ``overlap`` as :func:`forward` takes them."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = config(d)
     f8 = gl.float8e4nv
-    constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, **c)
+    pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
+    constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
+                      OVERLAP=overlap, **c)
     signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
                  "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),
                  "desc_vt": fa3.tensor_descriptor_type(f8, [d, c["BLOCK_N"]]),

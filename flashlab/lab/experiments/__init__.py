@@ -48,6 +48,7 @@ EXPERIMENTS: dict[str, str] = {
     "fa3timeline": "flashlab.lab.experiments.fa3_timeline:run",
     "fa3bwdtimeline": "flashlab.lab.experiments.fa3_backward_timeline:run",
     "fa3switches": "flashlab.lab.experiments.fa3:switches",
+    "fp8switches": "flashlab.lab.experiments.fa3:fp8_switches",
     "backward_check": "flashlab.lab.experiments.backward:run_check",
     "backward_configs": "flashlab.lab.experiments.backward:run_configs",
     "backward_speed": "flashlab.lab.experiments.backward:run_speed",

@@ -28,8 +28,10 @@
 
 5. Switches (:func:`switches`, ``python -m flashlab.lab.experiments fa3switches --out results``):
    the forward with each setting of ``pingpong`` and ``overlap`` beside cuDNN (at d = 64 without
-   ping-pong also with three consumer warpgroups, ``_3wg``), d = 64 and 128, N = 4096 and 16384, causal and not, in :data:`SWITCH_ROUNDS` rotated rounds; writes
-   ``fa3_switches_<gpu>``.
+   ping-pong also with three consumer warpgroups, ``_3wg``), d = 64 and 128, N = 4096 and 16384,
+   causal and not, in :data:`SWITCH_ROUNDS` rotated rounds; writes ``fa3_switches_<gpu>``. The
+   FP8 kernel's the same way (:func:`fp8_switches`, ``fp8switches``), beside the bf16 forward and
+   the Triton FP8 kernel; writes ``fa3_fp8_switches_<gpu>``.
 
 Writes ``fa3_correctness_<gpu>``, ``fa3_speed_<gpu>``, ``fa3_ablation_<gpu>``, ``fa3_fp8_<gpu>`` and
 ``fa3_fp8_rmse_<gpu>`` (.csv/.json) into ``--out`` (``--parts`` picks some) and prints tables. A
@@ -415,6 +417,57 @@ def switches(out: str | Path) -> list[Path]:
     return record("fa3_switches", rows, out)
 
 
+def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
+    """The contenders of one shape of :func:`fp8_switches`: cuDNN and the Gluon forward in bf16
+    (its default), the Triton FP8 kernel, and the Gluon FP8 kernel under each setting of its two
+    switches (``fp8_`` + :func:`switch_name`), on inputs quantised once (Q, K per
+    :data:`FP8_BLOCK` rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
+    from flashlab.kernels.fa3_fp8 import forward as fp8_forward
+    from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
+    from flashlab.lab.experiments.backward import _sdpa_cudnn
+
+    pre = quantize_qkv(q, k, v, block=FP8_BLOCK, v_block=None)
+    fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0], "bf16_default": lambda: forward(q, k, v, causal),
+           "triton_fp8": lambda: flash_attention_fp8(**pre, causal=causal)}
+    for pingpong in (True, False):
+        for overlap in (True, False):
+            fns["fp8_" + switch_name(pingpong, overlap)] = (
+                lambda p=pingpong, o=overlap: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o))
+    return fns
+
+
+def fp8_switches(out: str | Path) -> list[Path]:
+    """The FP8 forward under each setting of its switches, beside the bf16 forward, the Triton FP8
+    kernel and cuDNN (``python -m flashlab.lab.experiments fp8switches --out results``): d = 128
+    and 64, N = 4096 and 16384, causal and not, :data:`SWITCH_ROUNDS` rotated rounds. Rows as
+    :func:`switches`' with ``vs_default`` against the FP8 kernel's default setting
+    (:data:`flashlab.kernels.fa3_fp8.SWITCHES`). Writes ``fa3_fp8_switches_<gpu>``."""
+    from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
+    from flashlab.lab.experiments import in_rounds, record, require_gpu, round_summary
+    from flashlab.lab.experiments.backward import _qkv
+
+    require_gpu()
+    rows: list[dict[str, object]] = []
+    for d in SPEED_D:
+        for n in SWITCH_N:
+            B, H = paper_shape(n, d)
+            q, k, v, do = _qkv(B, H, n, d)
+            for causal in (False, True):
+                with torch.no_grad():
+                    fns = fp8_switch_contenders(q, k, v, do, causal)
+                    times = in_rounds(fns, SWITCH_ROUNDS)
+                flops = attention_flops(n, n, d, causal=causal, batch=B * H)
+                summaries = {name: round_summary(ts, flops) for name, ts in times.items()}
+                default_ms = summaries["fp8_" + switch_name(*FP8_SWITCHES[d])]["ms"]
+                for name, summary in summaries.items():
+                    rows.append({"impl": name, "d": d, "N": n, "causal": causal, **summary,
+                                 "vs_default": round(default_ms / summary["ms"], 3)})
+                    print(_line(rows[-1]), flush=True)
+            del q, k, v, do
+            torch.cuda.empty_cache()
+    return record("fa3_fp8_switches", rows, out)
+
+
 def ablation() -> list[dict[str, object]]:
     """Each schedule of fa3_schedules at :data:`ABLATION_SHAPES`, beside cuDNN, in this process;
     a matmul ceiling row first. Columns: TFLOP/s, ratio to the complete kernel in the same shape,
@@ -506,18 +559,21 @@ def _fp8_inputs(B, H, n_q, n_k, d, seed):
     return quantize_qkv(q.cuda(), k.cuda(), v.cuda(), block=FP8_BLOCK, v_block=None)
 
 
-def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, seed: int = 0) -> dict[str, object]:
+def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, seed: int = 0,
+                   pingpong: bool | None = None, overlap: bool | None = None) -> dict[str, object]:
     """The Gluon FP8 forward against float64 attention of its dequantised inputs (RMSE), beside the
     Triton FP8 kernel on the same inputs; lse against the reference's. ok: RMSE at most 1.25x the
-    Triton kernel's + 1e-4, lse within 1e-3 relative, -inf exactly where a row sees no key."""
-    from flashlab.kernels.fa3_fp8 import fa3_fp8_forward
+    Triton kernel's + 1e-4, lse within 1e-3 relative, -inf exactly where a row sees no key.
+    ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES)."""
+    from flashlab.kernels.fa3_fp8 import forward as fp8_forward
     from flashlab.kernels.fp8 import dequantize_fp8, flash_attention_fp8
 
     pre = _fp8_inputs(B, H, n_q, n_k, d, seed)
     deq = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().cpu().numpy() for x in "qkv"]
     o_ref, lse_ref = attention(*deq, causal=causal, return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
-    o, lse = fa3_fp8_forward(**pre, causal=causal)
+    o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap)
+    lse = lse2 * LN2
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
     rmse_tri = ((o_tri.double().cpu() - o_ref) ** 2).mean().sqrt().item()
@@ -531,14 +587,15 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
             "lse_bound": f"{lse_bound:.2e}", "lse_inf_where_expected": same_inf, "ok": ok}
 
 
-def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True) -> dict[str, object]:
+def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
+                   pingpong: bool | None = None, overlap: bool | None = None) -> dict[str, object]:
     """The FP8 kernel twice on the same inputs gives identical bits; a NaN-filled output is overwritten."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
 
     pre = _fp8_inputs(B, H, n, n, d, 1)
-    o1, lse1 = fp8_forward(**pre, causal=causal)
+    o1, lse1 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap)
     poisoned = torch.full_like(o1, float("nan"))
-    o2, lse2 = fp8_forward(**pre, causal=causal, out=poisoned)
+    o2, lse2 = fp8_forward(**pre, causal=causal, out=poisoned, pingpong=pingpong, overlap=overlap)
     identical = bool(torch.equal(o1, o2)) and bool(torch.equal(lse1, lse2))
     overwritten = not bool(torch.isnan(o2).any())
     return {"identical": identical, "nan_overwritten": overwritten, "ok": identical and overwritten}
