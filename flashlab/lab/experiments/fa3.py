@@ -368,14 +368,16 @@ def default_switch_name(d: int, causal: bool) -> str:
     return switch_name(pingpong, overlap, consumer_count(d, pingpong, overlap, causal))
 
 
-def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flops: float) -> list[dict[str, object]]:
+def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flops: float,
+                default: str | None = None) -> list[dict[str, object]]:
     """Rows of one shape of :func:`switches` from each contender's times over the rounds
     (:func:`~flashlab.lab.experiments.round_summary`), with the ratio of the default setting's
     median to each (``vs_default``; above 1: faster than it). ``times`` must hold the default
-    setting of head dimension ``d`` with or without the mask (:func:`default_switch_name`)."""
+    setting: ``default``, or that of head dimension ``d`` with or without the mask
+    (:func:`default_switch_name`)."""
     from flashlab.lab.experiments import round_summary
 
-    default = default_switch_name(d, causal)
+    default = default or default_switch_name(d, causal)
     if default not in times:
         raise ValueError(f"times must hold the default setting {default!r} of d = {d}, causal = {causal}; "
                          f"got {sorted(times)}")
@@ -385,36 +387,20 @@ def switch_rows(times: dict[str, list[float]], d: int, n: int, causal: bool, flo
              "vs_default": round(default_ms / summary["ms"], 3)} for name, summary in summaries.items()]
 
 
-def switches(out: str | Path) -> list[Path]:
-    """The forward under each schedule switch (module docstring, part 5), recorded under ``out``.
-    :func:`ablation` times the schedules of the lab's variant kernel at the paper's shape; this
-    times the switches of the kernel the package runs, :func:`flashlab.kernels.fa3.forward`, at
-    the bench's shapes, where a change of its defaults would be decided."""
-    from flashlab.lab.experiments import in_rounds, record, require_gpu
-    from flashlab.lab.experiments.backward import _qkv, _sdpa_cudnn
+def switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
+    """The contenders of one shape of :func:`switches`: cuDNN's forward and
+    :func:`flashlab.kernels.fa3.forward` under each setting of its switches (at d = 64 with both
+    off, with two and three consumer warpgroups), named by :func:`switch_name`."""
+    from flashlab.lab.experiments.backward import _sdpa_cudnn
 
-    require_gpu()
-    rows: list[dict[str, object]] = []
-    for d in SPEED_D:
-        for n in SWITCH_N:
-            B, H = paper_shape(n, d)
-            q, k, v, do = _qkv(B, H, n, d)
-            for causal in (False, True):
-                fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0]}
-                for pingpong in (True, False):
-                    for overlap in (True, False):
-                        for n_wg in (2, 3) if d == 64 and not (pingpong or overlap) else (2,):
-                            fns[switch_name(pingpong, overlap, n_wg)] = (
-                                lambda p=pingpong, o=overlap, w=n_wg, c=causal:
-                                forward(q, k, v, c, pingpong=p, overlap=o, consumers=w))
-                with torch.no_grad():
-                    times = in_rounds(fns, SWITCH_ROUNDS)
-                for row in switch_rows(times, d, n, causal, attention_flops(n, n, d, causal=causal, batch=B * H)):
-                    rows.append(row)
-                    print(_line(row), flush=True)
-            del q, k, v, do
-            torch.cuda.empty_cache()
-    return record("fa3_switches", rows, out)
+    d = q.shape[-1]
+    fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0]}
+    for pingpong in (True, False):
+        for overlap in (True, False):
+            for n_wg in (2, 3) if d == 64 and not (pingpong or overlap) else (2,):
+                fns[switch_name(pingpong, overlap, n_wg)] = (
+                    lambda p=pingpong, o=overlap, w=n_wg: forward(q, k, v, causal, pingpong=p, overlap=o, consumers=w))
+    return fns
 
 
 def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
@@ -436,14 +422,11 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     return fns
 
 
-def fp8_switches(out: str | Path) -> list[Path]:
-    """The FP8 forward under each setting of its switches, beside the bf16 forward, the Triton FP8
-    kernel and cuDNN (``python -m flashlab.lab.experiments fp8switches --out results``): d = 128
-    and 64, N = 4096 and 16384, causal and not, :data:`SWITCH_ROUNDS` rotated rounds. Rows as
-    :func:`switches`' with ``vs_default`` against the FP8 kernel's default setting
-    (:data:`flashlab.kernels.fa3_fp8.SWITCHES`). Writes ``fa3_fp8_switches_<gpu>``."""
-    from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
-    from flashlab.lab.experiments import in_rounds, record, require_gpu, round_summary
+def _time_switches(contenders, default, name: str, out: str | Path) -> list[Path]:
+    """Time ``contenders(q, k, v, do, causal)`` at every shape of :data:`SPEED_D` x
+    :data:`SWITCH_N` x (not causal, causal) in :data:`SWITCH_ROUNDS` rotated rounds, rows by
+    :func:`switch_rows` against ``default(d, causal)``, recorded as ``name`` under ``out``."""
+    from flashlab.lab.experiments import in_rounds, record, require_gpu
     from flashlab.lab.experiments.backward import _qkv
 
     require_gpu()
@@ -454,18 +437,33 @@ def fp8_switches(out: str | Path) -> list[Path]:
             q, k, v, do = _qkv(B, H, n, d)
             for causal in (False, True):
                 with torch.no_grad():
-                    fns = fp8_switch_contenders(q, k, v, do, causal)
-                    times = in_rounds(fns, SWITCH_ROUNDS)
+                    times = in_rounds(contenders(q, k, v, do, causal), SWITCH_ROUNDS)
                 flops = attention_flops(n, n, d, causal=causal, batch=B * H)
-                summaries = {name: round_summary(ts, flops) for name, ts in times.items()}
-                default_ms = summaries["fp8_" + switch_name(*FP8_SWITCHES[d])]["ms"]
-                for name, summary in summaries.items():
-                    rows.append({"impl": name, "d": d, "N": n, "causal": causal, **summary,
-                                 "vs_default": round(default_ms / summary["ms"], 3)})
-                    print(_line(rows[-1]), flush=True)
+                for row in switch_rows(times, d, n, causal, flops, default(d, causal)):
+                    rows.append(row)
+                    print(_line(row), flush=True)
             del q, k, v, do
             torch.cuda.empty_cache()
-    return record("fa3_fp8_switches", rows, out)
+    return record(name, rows, out)
+
+
+def switches(out: str | Path) -> list[Path]:
+    """The forward under each schedule switch (module docstring, part 5), recorded under ``out``.
+    :func:`ablation` times the schedules of the lab's variant kernel at the paper's shape; this
+    times the switches of the kernel the package runs, :func:`flashlab.kernels.fa3.forward`, at
+    the bench's shapes, where a change of its defaults would be decided."""
+    return _time_switches(switch_contenders, default_switch_name, "fa3_switches", out)
+
+
+def fp8_switches(out: str | Path) -> list[Path]:
+    """The FP8 forward under each setting of its switches, beside the bf16 forward, the Triton FP8
+    kernel and cuDNN (``python -m flashlab.lab.experiments fp8switches --out results``), at the
+    shapes of :func:`switches`; ``vs_default`` against the FP8 kernel's default setting
+    (:data:`flashlab.kernels.fa3_fp8.SWITCHES`). Writes ``fa3_fp8_switches_<gpu>``."""
+    from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
+
+    return _time_switches(fp8_switch_contenders, lambda d, causal: "fp8_" + switch_name(*FP8_SWITCHES[d]),
+                          "fa3_fp8_switches", out)
 
 
 def ablation() -> list[dict[str, object]]:
