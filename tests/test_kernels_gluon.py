@@ -422,7 +422,7 @@ def test_fp8_compiled_code_has_fa3_structure(d, causal):
     assert k.metadata.shared <= 227 * 1024
 
 
-@pytest.mark.parametrize("pingpong, overlap", FP8_SWITCH_BUILDS[1:])
+@pytest.mark.parametrize("pingpong, overlap", FP8_SWITCH_BUILDS)
 def test_fp8_switches_change_the_schedule(pingpong, overlap):
     """The FP8 kernel's two switches, as the bf16 kernel's: the overlap's wait for S alone exactly
     when ``overlap``, the turn barriers' waits exactly when ``pingpong`` (against the build with
@@ -442,6 +442,13 @@ def test_fp8_switches_change_the_schedule(pingpong, overlap):
         assert len(loops) >= 2, f"found {len(loops)} key-block loops for two consumers"
         spills = sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip())) for body in loops for o in body)
         assert spills <= len(loops), f"{spills} local-memory accesses in the key-block loops"
+
+
+def test_fp8_default_build_follows_its_switches():
+    """What the FP8 kernel runs by default is the build of fa3_fp8.SWITCHES' setting."""
+    default = _compiled(torch.float8_e4m3fn, 128, False).asm["ptx"]
+    chosen = _compiled(torch.float8_e4m3fn, 128, False, _switch_key(*fa3_fp8.SWITCHES[128])).asm["ptx"]
+    assert default == chosen
 
 
 def test_fp8_v_layout_matches_the_key_order():
@@ -641,11 +648,11 @@ def test_fp8_matches_dequantised_reference(case):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("pingpong, overlap", FP8_SWITCH_BUILDS[1:])
+@pytest.mark.parametrize("pingpong, overlap", [s for s in FP8_SWITCH_BUILDS if s != fa3_fp8.SWITCHES[128]])
 @pytest.mark.parametrize("case", experiment.FP8_CASES, ids=str)
 def test_fp8_other_switches_match_too(case, pingpong, overlap):
-    """The FP8 kernel's other settings of its two switches (fa3_fp8.SWITCHES: both on): as
-    test_fp8_matches_dequantised_reference, and race-free."""
+    """The FP8 kernel's settings of its two switches other than its default (fa3_fp8.SWITCHES):
+    as test_fp8_matches_dequantised_reference, and race-free."""
     row = experiment.fp8_check_case(*case, pingpong=pingpong, overlap=overlap)
     assert row["ok"], f"{case}: {row}"
     race = experiment.fp8_race_check(d=case[4], causal=case[5], pingpong=pingpong, overlap=overlap)

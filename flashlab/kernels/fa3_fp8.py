@@ -1,7 +1,8 @@
 """FlashAttention-3's FP8 forward (Shah et al. 2024, §3.3) in Gluon, for Hopper (sm_90).
 
-The program of :mod:`.fa3` (producer warp, two consumer warpgroups taking turns, S_next issued
-before this block's softmax), with e4m3 operands in both GEMMs:
+The program of :mod:`.fa3` (producer warp, two consumer warpgroups, S_next issued before this
+block's softmax; ping-pong's turns a switch, off by default: :data:`SWITCHES`), with e4m3
+operands in both GEMMs:
 
     S_ij = (Q8_i K8_j^T) * r_i * dk_j        fp8 x fp8 wgmma, fp32 accumulator; r_i = scale log2(e) dq_i
     P_ij = 2^8 exp2(S_ij - m_new)            in (0, 256]: e4m3's normal range starts at 2^-6
@@ -57,9 +58,12 @@ FP8_DTYPE = torch.float8_e4m3fn
 P_SHIFT = 8.0  # P = 2^8 exp2(S - m): FA3's Max_offset, as in flashlab.kernels.fp8
 _SHIFT = gl.constexpr(P_SHIFT)
 # (ping-pong, intra-warpgroup overlap) each head dimension runs by default, as fa3.SWITCHES is for
-# bf16. FP8 halves the GEMMs' time and not the softmax's: at d = 128 the tensor cores and the exp
-# unit need equal time for a pair of key blocks, as bf16 at d = 64.
-SWITCHES = {64: (True, True), 128: (True, True)}
+# bf16. FP8 halves the GEMMs' time and not the softmax's, and its softmax does more (descales,
+# P's 2^8, the cast to e4m3): the exp side is the longer, so ping-pong's turns only add waits,
+# and the overlap hides part of the softmax behind P V. Ping-pong off, overlap on was the
+# fastest setting (results/fa3_backward/run15: +5-6 % at d = 128 without the mask, within the
+# spread with it; up to +4 % at d = 64).
+SWITCHES = {64: (False, True), 128: (False, True)}
 
 
 def config(d: int) -> dict:
