@@ -110,7 +110,7 @@ SWITCHES = {64: (False, False), 128: (True, True)}
 # Consumer warpgroups a program runs when both switches are off, each with its own Br query rows
 # of the tile, by (head dimension, causal). At d = 64 a warpgroup's step is a chain (S, its row
 # max, the exponentials, the row sum, P V) whose waits only other warpgroups' work can fill;
-# FlashAttention-3 runs three there. Without the mask three were 3-8 % faster than two (run13).
+# FlashAttention-3 runs three there. Without the mask three were 3-10 % faster than two (runs 13, 14).
 # With it they lost: a tile of 3 Br = 192 rows ends mid key block, so its first consumers work
 # through key blocks their rows never see (9 % more blocks than two consumers at N = 4096), and
 # the last, ragged tile of a head is the longest. Ping-pong orders two warpgroups, and the
