@@ -131,7 +131,8 @@ def test_in_rounds_rotates_the_order_and_refuses_zero_rounds():
         experiments.in_rounds({}, 2, lambda fn: 1.0)
 
 
-def test_switch_rows_take_medians_and_compare_with_the_default():
+def test_switch_rows_take_medians_and_compare_with_the_default(monkeypatch):
+    from flashlab.kernels import fa3
     from flashlab.lab.experiments.fa3 import switch_rows
 
     times = {"cudnn": [1.0, 3.0, 2.0], "pingpong_overlap": [2.0, 2.0, 2.5], "no_pingpong_no_overlap": [1.0, 1.6, 4.0]}
@@ -139,13 +140,16 @@ def test_switch_rows_take_medians_and_compare_with_the_default():
     assert rows["no_pingpong_no_overlap"] == {"impl": "no_pingpong_no_overlap", "d": 128, "N": 4096, "causal": True,
                                               "ms": 1.6, "tflops": 2500.0, "spread": 1.875, "vs_default": 1.25}
     assert rows["pingpong_overlap"]["vs_default"] == 1.0 and rows["cudnn"]["spread"] == 1.0
-    # the default is each head dimension's (flashlab.kernels.fa3.SWITCHES), with three consumer
-    # warpgroups at d = 64 without the mask (flashlab.kernels.fa3.CONSUMERS)
+    # the default is each head dimension's (flashlab.kernels.fa3.SWITCHES and CONSUMERS, by mask)
     times["no_pingpong_no_overlap_3wg"] = [2.0, 2.0, 2.0]
+    monkeypatch.setitem(fa3.CONSUMERS, (64, False), 3)
     rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, False, flops=4e12)}
     assert rows["no_pingpong_no_overlap_3wg"]["vs_default"] == 1.0 and rows["no_pingpong_no_overlap"]["vs_default"] == 1.25
     rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, True, flops=4e12)}
     assert rows["no_pingpong_no_overlap"]["vs_default"] == 1.0 and rows["no_pingpong_no_overlap_3wg"]["vs_default"] == 0.8
+    # an explicit default (the FP8 experiment's)
+    rows = {r["impl"]: r for r in switch_rows(times, 64, 4096, False, flops=4e12, default="pingpong_overlap")}
+    assert rows["pingpong_overlap"]["vs_default"] == 1.0 and rows["no_pingpong_no_overlap"]["vs_default"] == 1.25
     with pytest.raises(ValueError, match="must hold the default setting 'pingpong_overlap' of d = 128, causal = True"):
         switch_rows({"cudnn": [1.0]}, 128, 4096, True, flops=1.0)
     with pytest.raises(ValueError, match="'no_pingpong_no_overlap_3wg' of d = 64, causal = False"):
@@ -166,12 +170,29 @@ def test_forward_switches_default_per_head_dimension():
         fa3.switches(96)
 
 
-def test_fp8_switches_time_every_setting_beside_the_peers():
-    from flashlab.lab.experiments.fa3 import fp8_switch_contenders
+def test_switch_contenders_run_the_setting_they_name(monkeypatch):
+    """Each contender of fa3switches and fp8switches calls its kernel with the switches its name
+    says (and the lambdas do not all share the loop's last setting)."""
+    import flashlab.kernels.fa3_fp8 as fa3_fp8
+    import flashlab.lab.experiments.fa3 as experiment
 
-    assert experiments.EXPERIMENTS["fp8switches"] == "flashlab.lab.experiments.fa3:fp8_switches"
+    calls = []
+    monkeypatch.setattr(experiment, "forward", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setattr(fa3_fp8, "forward", lambda *a, **kw: calls.append(kw))
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, 256, 64, generator=g, dtype=torch.bfloat16) for _ in range(4))
-    fns = fp8_switch_contenders(q, k, v, do, causal=True)
-    assert set(fns) == {"cudnn", "bf16_default", "triton_fp8", "fp8_pingpong_overlap", "fp8_pingpong_no_overlap",
-                        "fp8_no_pingpong_overlap", "fp8_no_pingpong_no_overlap"}
+    fns = experiment.switch_contenders(q, k, v, do, causal=False)
+    assert set(fns) == {"cudnn", "pingpong_overlap", "pingpong_no_overlap", "no_pingpong_overlap",
+                        "no_pingpong_no_overlap", "no_pingpong_no_overlap_3wg"}
+    fp8_fns = experiment.fp8_switch_contenders(q, k, v, do, causal=True)
+    assert set(fp8_fns) == {"cudnn", "bf16_default", "triton_fp8", "fp8_pingpong_overlap", "fp8_pingpong_no_overlap",
+                            "fp8_no_pingpong_overlap", "fp8_no_pingpong_no_overlap"}
+    assert experiments.EXPERIMENTS["fp8switches"] == "flashlab.lab.experiments.fa3:fp8_switches"
+    for name, fn in [*fns.items(), *((n, f) for n, f in fp8_fns.items() if n.startswith("fp8_"))]:
+        if name == "cudnn":
+            continue
+        calls.clear()
+        fn()
+        (kw,) = calls
+        w = kw.get("consumers", 2)
+        assert experiment.switch_name(kw["pingpong"], kw["overlap"], w) == name.removeprefix("fp8_"), (name, kw)

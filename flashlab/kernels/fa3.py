@@ -9,7 +9,7 @@ takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persisten
                                           goes on to the next tile's while the consumers finish
     consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
-    consumer 2  4 warps (d = 64):         rows [2 Br, 3 Br), without a mask (:data:`CONSUMERS`)
+    consumer 2  4 warps (d = 64):         rows [2 Br, 3 Br), when asked for (:data:`CONSUMERS`)
 
 The producer is Algorithm 1's producer warpgroup, the consumers its consumer warpgroups in the
 form of Algorithm 2. Register reallocation (§3.1): the producer gives its registers up
@@ -20,7 +20,8 @@ asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while 
 is still on the tensor cores. The epilogue writes O through shared memory with one TMA store,
 which runs on while the warpgroup starts its next tile. Each head dimension runs the schedule
 measured fastest for it (:data:`SWITCHES`): both on at d = 128; at d = 64, where the tensor
-cores and the exp unit need equal time, both off, with a third consumer when there is no mask.
+cores and the exp unit need equal time, both off. A third consumer, faster at d = 64 without the
+mask, is not yet the default (:data:`CONSUMERS`).
 
 Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
 P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
@@ -114,8 +115,10 @@ SWITCHES = {64: (False, False), 128: (True, True)}
 # With it they lost: a tile of 3 Br = 192 rows ends mid key block, so its first consumers work
 # through key blocks their rows never see (9 % more blocks than two consumers at N = 4096), and
 # the last, ragged tile of a head is the longest. Ping-pong orders two warpgroups, and the
-# overlap's second S would not fit three consumers' registers.
-CONSUMERS = {(64, False): 3, (64, True): 2, (128, False): 2, (128, True): 2}
+# overlap's second S would not fit three consumers' registers. (64, False) becomes 3 once
+# test_three_consumers_across_tiles has passed on a GPU: the GPU tests run so far gave each
+# program one tile of three consumers, never several in turn.
+CONSUMERS = {(64, False): 2, (64, True): 2, (128, False): 2, (128, True): 2}
 
 
 def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None,
@@ -148,8 +151,9 @@ def consumer_count(d: int, pingpong: bool, overlap: bool, causal: bool, n: int |
 
 def config(d: int) -> dict:
     """Tile sizes and ring depth for head dimension ``d``. Shared memory per CTA:
-    Q and O 2 * 2 * Br * d + STAGES * (K + V) 2 * Bc * d elements, 2 bytes each; d = 128 with
-    2 stages is 192 KB of the 227 KB a CTA may use, d = 64 with 4 stages 160 KB."""
+    Q and O 2 * C * Br * d (C consumers) + STAGES * (K + V) 2 * Bc * d elements, 2 bytes each;
+    d = 128 with 2 stages is 192 KB of the 227 KB a CTA may use, d = 64 with 4 stages 160 KB (176
+    KB with three consumers)."""
     return {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "HEAD_D": d, "STAGES": 2 if d == 128 else 4}
 
 
@@ -676,7 +680,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     ``pingpong=False`` lets both consumers issue their GEMMs freely, ``overlap=False`` waits for
     S before each softmax with no GEMM in flight; None takes the head dimension's default
     (:data:`SWITCHES`); ``consumers``: consumer warpgroups, 2 or 3 (None:
-    :func:`consumer_count`: three at d = 64 without the mask); ``out`` is a (B, H, N_q, d)
+    :func:`consumer_count`, :data:`CONSUMERS`); ``out`` is a (B, H, N_q, d)
     buffer to write O into (tests fill it with NaN first). ``stamps``: build with time stamps
     (STAMPS=True, two consumers only) and let tile ``stamp_at`` (query tile + batch-head * query
     tiles per head, :func:`_tile`) write them into this int64
