@@ -548,25 +548,15 @@ def test_the_other_pingpong_setting_matches_too(case):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
+@pytest.mark.parametrize("consumers", [2, 3])
 @pytest.mark.parametrize("case", [c for c in experiment.CASES if c[4] == 64], ids=str)
-def test_three_consumers_at_d64_match(case):
-    """d = 64, both switches off, with three consumer warpgroups (faster without the mask, run 13):
-    against the float64 reference, and race-free."""
-    row = experiment.check_case(*case, pingpong=False, overlap=False, consumers=3)
+def test_both_consumer_counts_at_d64_match(case, consumers):
+    """d = 64, both switches off (fa3.SWITCHES), with two consumer warpgroups (fa3.CONSUMERS'
+    default) and with three (faster without the mask, runs 13-14): against the float64 reference,
+    and race-free."""
+    row = experiment.check_case(*case, pingpong=False, overlap=False, consumers=consumers)
     assert row["ok"], f"{case}: {row}"
-    race = experiment.race_check(d=64, causal=case[5], pingpong=False, overlap=False, consumers=3)
-    assert race["identical"] and race["nan_overwritten"], race
-
-
-@pytest.mark.gpu
-@needs_gpu
-@needs_hopper
-@pytest.mark.parametrize("case", [c for c in experiment.CASES if c[4] == 64], ids=str)
-def test_two_consumers_at_d64_match_too(case):
-    """d = 64, both switches off, with two consumer warpgroups (fa3.CONSUMERS' default)."""
-    row = experiment.check_case(*case, pingpong=False, overlap=False, consumers=2)
-    assert row["ok"], f"{case}: {row}"
-    race = experiment.race_check(d=64, causal=case[5], pingpong=False, overlap=False, consumers=2)
+    race = experiment.race_check(d=64, causal=case[5], pingpong=False, overlap=False, consumers=consumers)
     assert race["identical"] and race["nan_overwritten"], race
 
 
