@@ -149,9 +149,10 @@ def _sass(cubin: bytes) -> str:
 def key_block_loops(sass: str, marker: str = "DEPBAR.LE gsb0, 0x1") -> list[list[str]]:
     """The instructions of each key-block loop in ``sass``: a backward branch's body holding two
     wgmma (HGMMA, or QGMMA for FP8) and ``marker``, by default the intra-warpgroup wait
-    ``DEPBAR.LE gsb0, 0x1`` (a build without the overlap: ``MUFU.EX2``), one a consumer. The tile loop of a persistent program holds all that too but is about twice as
-    long (the first block's S, the last P V, the epilogue); ptxas may place the inner loop's
-    body outside the outer one's address range, so the loops are told apart by length."""
+    ``DEPBAR.LE gsb0, 0x1`` (a build without the overlap: ``MUFU.EX2``), one a consumer. The tile
+    loop of a persistent program holds all that too but is about twice as long (the first
+    block's S, the last P V, the epilogue); ptxas may place the inner loop's body outside the
+    outer one's address range, so the loops are told apart by length."""
     ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = []
     for addr, op in ins:
@@ -174,7 +175,24 @@ def local_memory_in_key_block_loops(cubin: bytes, marker: str = "DEPBAR.LE gsb0,
         return None
     loops = key_block_loops(sass, marker)
     assert loops, "no key-block loop found in the SASS"
+    return _local_accesses(loops)
+
+
+def _local_accesses(loops: list[list[str]]) -> int:
+    """Local-memory loads and stores (LDL, STL; predicated or not) in these loop bodies."""
     return sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip())) for body in loops for o in body)
+
+
+def _register_budgets(ptx: str) -> set[int]:
+    """The register counts the setmaxnreg instructions of a build move its warpgroups to."""
+    return {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+
+
+def _turn_waits_follow(ptx: str, flipped_ptx: str, pingpong: bool) -> None:
+    """The turn barriers add mbarrier waits exactly when ``pingpong``: more than the build with
+    ping-pong the other way when on, fewer when off."""
+    waits = ptx.count("mbarrier.try_wait"), flipped_ptx.count("mbarrier.try_wait")
+    assert (waits[0] > waits[1]) == pingpong and waits[0] != waits[1], waits
 
 
 def test_n_q_is_never_a_compile_time_constant():
@@ -243,15 +261,17 @@ def test_spill_finder_finds_a_spill_in_the_loop():
     assert not any(o.strip().startswith("STL") for o in loops[0])
 
 
-def _no_spills_in_the_loop(cubin: bytes, per_loop: int = 0) -> None:
-    """A persistent program may keep a few registers of the tile loop on the stack (at most 64
-    bytes, touched once per tile); the key-block loop touches local memory at most ``per_loop``
-    times an iteration in each consumer."""
+def _no_spills_in_the_loop(cubin: bytes, per_loop: int = 0, marker: str = "DEPBAR.LE gsb0, 0x1",
+                           consumers: int = 2, stack: int = 64) -> None:
+    """A persistent program may keep a few registers of the tile loop on the stack (at most
+    ``stack`` bytes, touched once per tile); each of the ``consumers`` key-block loops (found by
+    ``marker``: see key_block_loops) touches local memory at most ``per_loop`` times an iteration."""
     usage = _resource_usage(cubin)
     if usage:
-        stack = int(re.search(r"STACK:(\d+) ", usage).group(1))
-        assert stack <= 64 and re.search(r"LOCAL:0 ", usage), usage
-        assert local_memory_in_key_block_loops(cubin) <= 2 * per_loop
+        assert int(re.search(r"STACK:(\d+) ", usage).group(1)) <= stack and re.search(r"LOCAL:0 ", usage), usage
+        loops = key_block_loops(_sass(cubin), marker)
+        assert len(loops) >= consumers, f"found {len(loops)} key-block loops for {consumers} consumers"
+        assert _local_accesses(loops) <= consumers * per_loop
 
 
 def _ids(combo) -> str:
@@ -270,7 +290,7 @@ def test_compiled_code_has_fa3_structure(combo):
     assert f"requestedRegisters = array<i32: {int(fa3.CONSUMER_REGS)}, {int(fa3.PRODUCER_REGS)}>" in ttgir
     assert k.metadata.num_warps == 12, "4 + 4 + 1 warps, rounded up to three warpgroups"
     assert int(fa3.PRODUCER_REGS) <= 40 and int(fa3.CONSUMER_REGS) >= 200, "the producer gives registers up"
-    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
     # the ring: TMA copies that complete on mbarriers, waited for by the consumers
     assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait" in ptx
@@ -306,7 +326,7 @@ def test_time_stamps_are_compiled_only_when_asked():
     assert "%globaltimer" not in plain.asm["ptx"] and "%clock64" not in plain.asm["ptx"]
     assert "ttg.warp_specialize" in stamped.asm["ttgir"]
     ptx = stamped.asm["ptx"]
-    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
 
 
@@ -323,22 +343,22 @@ def test_config_fits_shared_memory():
 def test_default_build_follows_the_switches(d, causal, consumers):
     """What forward runs by default (fa3.SWITCHES: both on at d = 128, both off at 64): the
     overlap's wait for S alone and the turn barriers exactly when the switches say so; the
-    consumer warpgroups of fa3.CONSUMERS, and at d = 64 the other count when asked. Three: 4 + 4 + 4 + 1 warps, four warpgroups, 168 registers for consumer 0,
-    160 for the other two, 24 for the producer. No spills in the key-block loops; the persistent
+    consumer warpgroups of fa3.CONSUMERS, and at d = 64 the other count when asked. Three:
+    4 + 4 + 4 + 1 warps, four warpgroups, 168 registers for consumer 0, 160 for the other two, 24
+    for the producer. No spills in the key-block loops; the persistent
     tile loop may keep a few registers on the stack (at most 64 bytes, 128 with three consumers)."""
     pingpong, overlap = fa3.switches(d)
     n_wg = fa3.consumer_count(d, pingpong, overlap, causal, consumers)
     k = _compiled(torch.bfloat16, d, causal, None if consumers is None else _switch_key(pingpong, overlap, consumers))
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
-    if n_wg == 2:  # the turn barriers' waits, against the build with ping-pong the other way
-        flipped = _compiled(torch.bfloat16, d, causal, _switch_key(not pingpong, overlap))
-        waits = ptx.count("mbarrier.try_wait"), flipped.asm["ptx"].count("mbarrier.try_wait")
-        assert (waits[0] > waits[1]) == pingpong and waits[0] != waits[1], waits
+    if n_wg == 2:
+        _turn_waits_follow(ptx, _compiled(torch.bfloat16, d, causal, _switch_key(not pingpong, overlap)).asm["ptx"],
+                           pingpong)
     else:
         assert not pingpong
     assert "ttg.warp_specialize" in ttgir and k.metadata.num_warps == 4 * (n_wg + 1)
-    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    budgets = _register_budgets(ptx)
     if n_wg == 3:
         assert f"requestedRegisters = array<i32: {int(fa3.CONSUMER_REGS_3)}, {int(fa3.CONSUMER_REGS_3)}, " \
                f"{int(fa3.PRODUCER_REGS)}>" in ttgir
@@ -346,13 +366,8 @@ def test_default_build_follows_the_switches(d, causal, consumers):
         assert {int(fa3.CONSUMER_REGS_3), int(fa3.PRODUCER_REGS), default_regs} <= budgets, budgets
     else:
         assert {int(fa3.CONSUMER_REGS), int(fa3.PRODUCER_REGS)} <= budgets, budgets
-    usage = _resource_usage(k.asm["cubin"])
-    if usage:
-        stack = int(re.search(r"STACK:(\d+) ", usage).group(1))
-        assert stack <= (128 if n_wg == 3 else 64) and re.search(r"LOCAL:0 ", usage), usage
-        loops = key_block_loops(_sass(k.asm["cubin"]), "DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2")
-        assert len(loops) >= n_wg, f"found {len(loops)} key-block loops for {n_wg} consumers"
-        assert not any(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip()) for body in loops for o in body)
+    _no_spills_in_the_loop(k.asm["cubin"], marker="DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2",
+                           consumers=n_wg, stack=128 if n_wg == 3 else 64)
     assert k.metadata.shared <= 227 * 1024
 
 
@@ -408,7 +423,7 @@ def test_fp8_compiled_code_has_fa3_structure(d, causal):
     k = _compiled(torch.float8_e4m3fn, d, causal)
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     assert "ttg.warp_specialize" in ttgir and k.metadata.num_warps == 12
-    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
     assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait" in ptx
     gemm = r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3"
@@ -429,20 +444,14 @@ def test_fp8_switches_change_the_schedule(pingpong, overlap):
     ping-pong the other way), the partitions and register budgets either way, at most one
     local-memory access a key-block loop (Triton 3.9's ptxas reloads one scalar; 3.6's none)."""
     k = _compiled(torch.float8_e4m3fn, 128, False, _switch_key(pingpong, overlap))
-    flipped = _compiled(torch.float8_e4m3fn, 128, False, _switch_key(not pingpong, overlap))
     ptx = k.asm["ptx"]
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
-    waits = ptx.count("mbarrier.try_wait"), flipped.asm["ptx"].count("mbarrier.try_wait")
-    assert (waits[0] > waits[1]) == pingpong and waits[0] != waits[1], waits
+    _turn_waits_follow(ptx, _compiled(torch.float8_e4m3fn, 128, False, _switch_key(not pingpong, overlap)).asm["ptx"],
+                       pingpong)
     assert "ttg.warp_specialize" in k.asm["ttgir"] and k.metadata.num_warps == 12
-    budgets = {int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)}
+    budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
-    usage = _resource_usage(k.asm["cubin"])
-    if usage:
-        loops = key_block_loops(_sass(k.asm["cubin"]), "DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2")
-        assert len(loops) >= 2, f"found {len(loops)} key-block loops for two consumers"
-        spills = sum(bool(re.match(r"(@!?U?P\d+ )?(LDL|STL)", o.strip())) for body in loops for o in body)
-        assert spills <= len(loops), f"{spills} local-memory accesses in the key-block loops"
+    _no_spills_in_the_loop(k.asm["cubin"], per_loop=1, marker="DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2")
 
 
 def test_fp8_default_build_follows_its_switches():
