@@ -141,3 +141,16 @@ def test_kernel_suite_fp8_rows_are_forward_only(monkeypatch):
                               tokens=32, causals=(False,), passes=("fwd", "fwdbwd"), progress=False)
     assert [(r["impl"], r["dtype"], r["pass"]) for r in rows] == [("flashlab_fp8", "float8_e4m3fn", "fwd")]
     assert quantised == [None]  # once, outside the timed function, with one V descale per head (FP8_V_BLOCK)
+
+
+@pytest.mark.parametrize("name, impl, deterministic", [("flashlab", "triton", True), ("flashlab_gluon", "gluon", True),
+                                                       ("flashlab_fa3", "gluon", False)])
+def test_kernel_impls_call_the_kernels_they_name(monkeypatch, name, impl, deterministic):
+    """Each flashlab row of the suite times flash_attention with the forward (impl) and backward
+    (deterministic=False: the Gluon FA3 backward on sm_90) its name stands for."""
+    import flashlab.kernels
+
+    calls = []
+    monkeypatch.setattr(flashlab.kernels, "flash_attention", lambda q, k, v, **kw: calls.append(kw))
+    bench._impl(name, True)(None, None, None)
+    assert calls == [{"causal": True, "impl": impl, "deterministic": deterministic}]

@@ -9,7 +9,7 @@ takes tiles of 2 * Br = 128 query rows of one (batch, head) in turn (a persisten
                                           goes on to the next tile's while the consumers finish
     consumer 0  4 warps (a warpgroup):    rows [0, Br) of the tile:  S = Q K^T, softmax, O += P V
     consumer 1  4 warps (a warpgroup):    rows [Br, 2 Br), on the same K_j, V_j
-    consumer 2  4 warps (d = 64):         rows [2 Br, 3 Br), when asked for (:data:`CONSUMERS`)
+    consumer 2  4 warps (d = 64):         rows [2 Br, 3 Br), without the mask (:data:`CONSUMERS`)
 
 The producer is Algorithm 1's producer warpgroup, the consumers its consumer warpgroups in the
 form of Algorithm 2. Register reallocation (§3.1): the producer gives its registers up
@@ -20,8 +20,8 @@ asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while 
 is still on the tensor cores. The epilogue writes O through shared memory with one TMA store,
 which runs on while the warpgroup starts its next tile. Each head dimension runs the schedule
 measured fastest for it (:data:`SWITCHES`): both on at d = 128; at d = 64, where the tensor
-cores and the exp unit need equal time, both off. A third consumer, faster at d = 64 without the
-mask, is not yet the default (:data:`CONSUMERS`).
+cores and the exp unit need equal time, both off, with a third consumer where there is no mask
+(:data:`CONSUMERS`).
 
 Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
 P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
@@ -111,14 +111,13 @@ SWITCHES = {64: (False, False), 128: (True, True)}
 # Consumer warpgroups a program runs when both switches are off, each with its own Br query rows
 # of the tile, by (head dimension, causal). At d = 64 a warpgroup's step is a chain (S, its row
 # max, the exponentials, the row sum, P V) whose waits only other warpgroups' work can fill;
-# FlashAttention-3 runs three there. Without the mask three were 3-10 % faster than two (runs 13, 14).
+# FlashAttention-3 runs three there. Without the mask three were 2-10 % faster than two (runs
+# 13, 14, 16).
 # With it they lost: a tile of 3 Br = 192 rows ends mid key block, so its first consumers work
 # through key blocks their rows never see (9 % more blocks than two consumers at N = 4096), and
 # the last, ragged tile of a head is the longest. Ping-pong orders two warpgroups, and the
-# overlap's second S would not fit three consumers' registers. (64, False) becomes 3 once
-# test_three_consumers_across_tiles has passed on a GPU: the GPU tests run so far gave each
-# program one tile of three consumers, never several in turn.
-CONSUMERS = {(64, False): 2, (64, True): 2, (128, False): 2, (128, True): 2}
+# overlap's second S would not fit three consumers' registers.
+CONSUMERS = {(64, False): 3, (64, True): 2, (128, False): 2, (128, True): 2}
 
 
 def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None,

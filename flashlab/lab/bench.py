@@ -208,20 +208,22 @@ def naive_step_costs(
 
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
 # Asked for by name (--impls): flashlab_gluon, flash_attention(impl="gluon"): the Gluon FA3 forward
-# (sm_90) with the Triton backward; flashlab_fp8, the FP8 forward, inputs quantised before timing;
+# (sm_90) with the Triton backward; flashlab_fa3, the same with deterministic=False: the Gluon FA3
+# forward and the Gluon FA3 backward (fa3_backward.py), flashlab's fastest pair; flashlab_fp8, the FP8 forward, inputs quantised before timing;
 # flashlab_gluon_fp8, the same with flash_attention_fp8(impl="gluon"): the Gluon FA3 FP8 forward (sm_90).
-OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fp8", "flashlab_gluon_fp8")
+OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fa3", "flashlab_fp8", "flashlab_gluon_fp8")
 FORWARD_ONLY_IMPLS = ("flashlab_fp8", "flashlab_gluon_fp8")
 FP8_BLOCK = 128  # rows per descale of flashlab_fp8's Q and K
 FP8_V_BLOCK = None  # ... and of its V: one descale per (batch, head), as FlashAttention-3 scales V (chapter 6)
 
 
 def _impl(name: str, causal: bool) -> Callable:
-    if name in ("flashlab", "flashlab_gluon"):
+    if name in ("flashlab", "flashlab_gluon", "flashlab_fa3"):
         from flashlab.kernels import flash_attention
 
-        impl = "gluon" if name == "flashlab_gluon" else "triton"
-        return lambda q, k, v: flash_attention(q, k, v, causal=causal, impl=impl)
+        impl = "triton" if name == "flashlab" else "gluon"
+        deterministic = name != "flashlab_fa3"
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal, impl=impl, deterministic=deterministic)
     if name == "naive":
         return lambda q, k, v: naive_attention_torch(q, k, v, causal)
     if name.startswith("sdpa_"):
@@ -373,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impls", nargs="+", choices=[*KERNEL_IMPLS, *OPTIONAL_IMPLS],
                         help=f"implementations of the kernel suite (default {' '.join(KERNEL_IMPLS)}; "
                              "flashlab_gluon: the Gluon FA3 forward with the Triton backward, on sm_90; "
+                             "flashlab_fa3: the Gluon FA3 forward and backward (deterministic=False), on sm_90; "
                              "flashlab_fp8: the FP8 forward, on a GPU with FP8 tensor cores; "
                              "flashlab_gluon_fp8: the Gluon FA3 FP8 forward, on sm_90)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (CPU ok)")
