@@ -58,7 +58,9 @@ out = {}
 for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
     key = f"{dtype}-{d}-{causal}-{pingpong}"
     try:
-        if dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
+        if dtype == "float8_e4m3fn" and pingpong == "lazy":  # the FP8 kernel with conditional rescaling
+            k = fa3_fp8.compile_sm90(d, causal, lazy_rescale=True)
+        elif dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
             _, p, o = pingpong.split("-")
             k = fa3_fp8.compile_sm90(d, causal, pingpong=p == "1", overlap=o == "1")
         elif dtype == "float8_e4m3fn":  # the FP8 kernel as it runs by default
@@ -99,6 +101,7 @@ def _builds() -> dict:
     wanted = [(str(t).removeprefix("torch."), d, c, True) for t, d, c in COMBOS] + [("bfloat16", 128, False, False)]
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
+    wanted += [("float8_e4m3fn", d, False, "lazy") for d in (64, 128)]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
@@ -461,6 +464,32 @@ def test_fp8_default_build_follows_its_switches():
     assert default == chosen
 
 
+def _skipped_rescales(sass: str, head_d: int) -> int:
+    """Conditional forward branches in ``sass`` that jump over exactly O's rescale: head_d / 2
+    FMUL a thread (a 64-row O of head_d columns over a warpgroup's 128 threads) and nothing else."""
+    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    count = 0
+    for addr, op in ins:
+        m = re.match(r"@!?U?P\d BRA (0x[0-9a-f]+)", op)
+        if m and int(m.group(1), 16) > addr:
+            body = [o for a, o in ins if addr < a < int(m.group(1), 16)]
+            count += len(body) == head_d // 2 and all(o.startswith("FMUL") for o in body)
+    return count
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_lazy_rescale_skips_the_rescale(d):
+    """With lazy_rescale, each consumer jumps over O's rescale (in the key-block loop and before
+    the last P V) when the maxima have not moved: four such branches for two consumers; the
+    default build has none."""
+    lazy = _sass(_compiled(torch.float8_e4m3fn, d, False, "lazy").asm["cubin"])
+    default = _sass(_compiled(torch.float8_e4m3fn, d, False, True).asm["cubin"])
+    if not lazy:
+        pytest.skip("needs cuobjdump")
+    assert _skipped_rescales(lazy, d) == 4
+    assert _skipped_rescales(default, d) == 0
+
+
 def test_fp8_v_layout_matches_the_key_order():
     """wgmma_v(v)[..., :, k] is v's key key_order[k] (zero past N_k), whatever v's strides; the
     order is _as_operand's: within 16 keys, column k = 8 c2 + 4 c1 + 2 c3 + c0 holds key
@@ -676,6 +705,22 @@ def test_fp8_other_switches_match_too(case, pingpong, overlap):
     row = experiment.fp8_check_case(*case, pingpong=pingpong, overlap=overlap)
     assert row["ok"], f"{case}: {row}"
     race = experiment.fp8_race_check(d=case[4], causal=case[5], pingpong=pingpong, overlap=overlap)
+    assert race["ok"], race
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("ramp", [0.0, 20.0])
+@pytest.mark.parametrize("case", experiment.FP8_CASES, ids=str)
+def test_fp8_lazy_rescale_matches(case, ramp):
+    """Conditional rescaling (lazy_rescale=True) as test_fp8_matches_dequantised_reference, and
+    race-free; with ramp, each row's maximum climbs along the keys by a few tenths of a log2 unit
+    a block, so the warpgroup keeps a stale maximum for blocks on end and P comes close to e4m3's
+    largest value: a threshold above log2(448 / 256) fails here."""
+    row = experiment.fp8_check_case(*case, lazy_rescale=True, ramp=ramp)
+    assert row["ok"], f"{case}: {row}"
+    race = experiment.fp8_race_check(d=case[4], causal=case[5], lazy_rescale=True)
     assert race["ok"], race
 
 

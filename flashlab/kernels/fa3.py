@@ -263,13 +263,9 @@ def _add(a, b):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
-                  P_SHIFT: gl.constexpr = 0.0):
-    """Fold S = Q_i K_j^T (Br, Bc) of query rows row0 + [0, Br) and keys start_n + [0, Bc), raw,
-    into (m, l) in log2 units (Algorithm 1's softmax steps).
-    Returns P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
-    alpha = exp2(m - m_new) that brings O up to date. P_SHIFT is 0 here; the FP8 kernel
-    (:mod:`.fa3_fp8`) computes P 2^8 times larger, so that it lands in e4m3's normal range."""
+def _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr):
+    """S = Q_i K_j^T (Br, Bc) of query rows row0 + [0, Br) and keys start_n + [0, Bc), raw, with
+    -inf where a row must not see a key, and its row maximum in log2 units, rowmax(S) * scale."""
     if masked:  # the ragged last block, and the blocks the diagonal crosses
         s_layout: gl.constexpr = s.type.layout
         rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s_layout))  # (Br,) query indices i
@@ -278,11 +274,31 @@ def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, mask
         if CAUSAL:  # bottom-right alignment: query i sees key j iff j <= i + N_k - N_q
             visible = visible & (keys[None, :] <= rows[:, None] + causal_offset)
         s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.reduce(s, 1, _maximum) * qk_scale)  # m_new = max(m, rowmax(S)), scale > 0
+    return s, gl.reduce(s, 1, _maximum) * qk_scale  # scale > 0: the max commutes with it
+
+
+@gluon.jit
+def _exp_step(s, m_i, m_new, l_i, qk_scale, P_SHIFT: gl.constexpr = 0.0):
+    """P = 2^P_SHIFT exp2(S * scale * log2 e - m_new), l_new = alpha l + rowsum(P) and alpha =
+    exp2(m - m_new), for a running maximum that moves from m_i to m_new."""
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: P = 0, not NaN
     alpha = gl.exp2(m_i - m_ref)  # exp2(m - m_new)
     p = gl.exp2(s * qk_scale - (m_ref - P_SHIFT)[:, None])  # P = exp2(S - m_new): one FFMA, one MUFU.EX2 a score
     l_i = l_i * alpha + gl.reduce(p, 1, _add)  # l = alpha l + rowsum(P)
+    return p, l_i, alpha
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
+                  P_SHIFT: gl.constexpr = 0.0):
+    """Fold S = Q_i K_j^T (Br, Bc) of query rows row0 + [0, Br) and keys start_n + [0, Bc), raw,
+    into (m, l) in log2 units (Algorithm 1's softmax steps).
+    Returns P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
+    alpha = exp2(m - m_new) that brings O up to date. P_SHIFT is 0 here; the FP8 kernel
+    (:mod:`.fa3_fp8`) computes P 2^8 times larger, so that it lands in e4m3's normal range."""
+    s, row_max = _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
+    m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
+    p, l_i, alpha = _exp_step(s, m_i, m_new, l_i, qk_scale, P_SHIFT)
     return p, m_new, l_i, alpha
 
 

@@ -406,8 +406,10 @@ def switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
 def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     """The contenders of one shape of :func:`fp8_switches`: cuDNN and the Gluon forward in bf16
     (its default), the Triton FP8 kernel, and the Gluon FP8 kernel under each setting of its two
-    switches (``fp8_`` + :func:`switch_name`), on inputs quantised once (Q, K per
-    :data:`FP8_BLOCK` rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
+    switches (``fp8_`` + :func:`switch_name`), and its default with conditional rescaling
+    (``_lazy``: ``lazy_rescale=True``), on inputs quantised once (Q, K per :data:`FP8_BLOCK`
+    rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
+    from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
     from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
     from flashlab.lab.experiments.backward import _sdpa_cudnn
@@ -419,6 +421,8 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
         for overlap in (True, False):
             fns["fp8_" + switch_name(pingpong, overlap)] = (
                 lambda p=pingpong, o=overlap: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o))
+    fns["fp8_" + switch_name(*FP8_SWITCHES[q.shape[-1]]) + "_lazy"] = (
+        lambda: fp8_forward(**pre, causal=causal, lazy_rescale=True))
     return fns
 
 
@@ -550,27 +554,34 @@ FP8_BLOCK = 128  # rows per Q and K descale; V one per head, as FA3 scales V
 FP8_SPEED_N = (4096, 8192, 16384)
 
 
-def _fp8_inputs(B, H, n_q, n_k, d, seed):
+def _fp8_inputs(B, H, n_q, n_k, d, seed, ramp: float = 0.0):
     from flashlab.kernels.fp8 import quantize_qkv
 
     q, k, v = _inputs((B, H, n_q, d), (B, H, n_k, d), torch.bfloat16, seed)
+    if ramp:  # q_i0 >= 1 and k_j0 rising with j: each row's scores climb along the keys
+        q[..., 0] = q[..., 0].abs() + 1
+        k[..., 0] += ramp * torch.arange(n_k, dtype=torch.float32).to(k.dtype) / n_k
     return quantize_qkv(q.cuda(), k.cuda(), v.cuda(), block=FP8_BLOCK, v_block=None)
 
 
 def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, seed: int = 0,
-                   pingpong: bool | None = None, overlap: bool | None = None) -> dict[str, object]:
+                   pingpong: bool | None = None, overlap: bool | None = None, lazy_rescale: bool | None = None,
+                   ramp: float = 0.0) -> dict[str, object]:
     """The Gluon FP8 forward against float64 attention of its dequantised inputs (RMSE), beside the
     Triton FP8 kernel on the same inputs; lse against the reference's. ok: RMSE at most 1.25x the
     Triton kernel's + 1e-4, lse within 1e-3 relative, -inf exactly where a row sees no key.
-    ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES)."""
+    ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES); ``lazy_rescale``:
+    conditional rescaling (None: fa3_fp8.LAZY_RESCALE); ``ramp``: add ramp * j / N_k to key j's
+    first coordinate, so that every row's maximum climbs slowly along the keys (the case where
+    conditional rescaling keeps a stale maximum longest, and P comes closest to e4m3's limit)."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
     from flashlab.kernels.fp8 import dequantize_fp8, flash_attention_fp8
 
-    pre = _fp8_inputs(B, H, n_q, n_k, d, seed)
+    pre = _fp8_inputs(B, H, n_q, n_k, d, seed, ramp)
     deq = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().cpu().numpy() for x in "qkv"]
     o_ref, lse_ref = attention(*deq, causal=causal, return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
-    o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap)
+    o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap, lazy_rescale=lazy_rescale)
     lse = lse2 * LN2
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
@@ -586,14 +597,16 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
 
 
 def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
-                   pingpong: bool | None = None, overlap: bool | None = None) -> dict[str, object]:
+                   pingpong: bool | None = None, overlap: bool | None = None,
+                   lazy_rescale: bool | None = None) -> dict[str, object]:
     """The FP8 kernel twice on the same inputs gives identical bits; a NaN-filled output is overwritten."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
 
     pre = _fp8_inputs(B, H, n, n, d, 1)
-    o1, lse1 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap)
+    switched = dict(causal=causal, pingpong=pingpong, overlap=overlap, lazy_rescale=lazy_rescale)
+    o1, lse1 = fp8_forward(**pre, **switched)
     poisoned = torch.full_like(o1, float("nan"))
-    o2, lse2 = fp8_forward(**pre, causal=causal, out=poisoned, pingpong=pingpong, overlap=overlap)
+    o2, lse2 = fp8_forward(**pre, **switched, out=poisoned)
     identical = bool(torch.equal(o1, o2)) and bool(torch.equal(lse1, lse2))
     overwritten = not bool(torch.isnan(o2).any())
     return {"identical": identical, "nan_overwritten": overwritten, "ok": identical and overwritten}
