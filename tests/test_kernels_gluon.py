@@ -58,8 +58,8 @@ out = {}
 for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
     key = f"{dtype}-{d}-{causal}-{pingpong}"
     try:
-        if dtype == "float8_e4m3fn" and pingpong == "lazy":  # the FP8 kernel with conditional rescaling
-            k = fa3_fp8.compile_sm90(d, causal, lazy_rescale=True)
+        if dtype == "float8_e4m3fn" and pingpong == "theta2":  # the FP8 kernel, rescale_threshold = 2
+            k = fa3_fp8.compile_sm90(d, causal, rescale_threshold=2)
         elif dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
             _, p, o = pingpong.split("-")
             k = fa3_fp8.compile_sm90(d, causal, pingpong=p == "1", overlap=o == "1")
@@ -101,7 +101,7 @@ def _builds() -> dict:
     wanted = [(str(t).removeprefix("torch."), d, c, True) for t, d, c in COMBOS] + [("bfloat16", 128, False, False)]
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
-    wanted += [("float8_e4m3fn", d, False, "lazy") for d in (64, 128)]
+    wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
@@ -478,16 +478,30 @@ def _skipped_rescales(sass: str, head_d: int) -> int:
 
 
 @pytest.mark.parametrize("d", [64, 128])
-def test_fp8_lazy_rescale_skips_the_rescale(d):
-    """With lazy_rescale, each consumer jumps over O's rescale (in the key-block loop and before
-    the last P V) when the maxima have not moved: four such branches for two consumers; the
-    default build has none."""
-    lazy = _sass(_compiled(torch.float8_e4m3fn, d, False, "lazy").asm["cubin"])
+def test_fp8_conditional_rescaling_branches_over_the_rescale(d):
+    """With rescale_threshold, each consumer has a branch that can jump over O's rescale and
+    nothing else (in the key-block loop and before the last P V): four for two consumers; the
+    default build has none. (Which way the branch goes is the GPU test's to check.)"""
+    conditional = _sass(_compiled(torch.float8_e4m3fn, d, False, "theta2").asm["cubin"])
     default = _sass(_compiled(torch.float8_e4m3fn, d, False, True).asm["cubin"])
-    if not lazy:
+    if not conditional:
         pytest.skip("needs cuobjdump")
-    assert _skipped_rescales(lazy, d) == 4
+    assert _skipped_rescales(conditional, d) == 4
     assert _skipped_rescales(default, d) == 0
+
+
+@pytest.mark.parametrize("theta, want", [(None, (-1.0, 8.0)), (0, (0.0, 8.0)), (2, (2.0, 6.0)), (8.0, (8.0, 0.0))])
+def test_fp8_rescale_threshold_sets_theta_and_shift(theta, want):
+    """rescale_threshold theta: decide at theta, and P = 2^(8 - theta) exp2(S - m) <= 2^8."""
+    got = fa3_fp8._rescaling(theta)
+    assert (got["THETA"], got["SHIFT"]) == want
+
+
+@pytest.mark.parametrize("theta", [-0.5, 8.5, True, "2", float("nan")])
+def test_fp8_bad_rescale_threshold_names_the_argument(theta):
+    x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
+    with pytest.raises(ValueError, match=r"rescale_threshold must be None or a number in \[0, 8\]"):
+        fa3_fp8.forward(x, x, x, False, rescale_threshold=theta)
 
 
 def test_fp8_v_layout_matches_the_key_order():
@@ -711,16 +725,19 @@ def test_fp8_other_switches_match_too(case, pingpong, overlap):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("ramp", [0.0, 20.0])
+@pytest.mark.parametrize("staircase", [0.0, 0.75])
 @pytest.mark.parametrize("case", experiment.FP8_CASES, ids=str)
-def test_fp8_lazy_rescale_matches(case, ramp):
-    """Conditional rescaling (lazy_rescale=True) as test_fp8_matches_dequantised_reference, and
-    race-free; with ramp, each row's maximum climbs along the keys by a few tenths of a log2 unit
-    a block, so the warpgroup keeps a stale maximum for blocks on end and P comes close to e4m3's
-    largest value: a threshold above log2(448 / 256) fails here."""
-    row = experiment.fp8_check_case(*case, lazy_rescale=True, ramp=ramp)
+def test_fp8_conditional_rescaling_matches(case, staircase):
+    """rescale_threshold = 2 as test_fp8_matches_dequantised_reference, within 1.15x the RMSE of
+    the kernel rescaling at every block on the same inputs, and race-free. With the staircase
+    every row's block maxima climb 0.75 a block, so a warpgroup keeps a stale maximum for two
+    blocks in three, at a distance up to 2: an O not rescaled when m moves, or a P allowed past
+    2^8 (e4m3 clips it at 448), fails here."""
+    row = experiment.fp8_check_case(*case, rescale_threshold=2, staircase=staircase)
+    plain = experiment.fp8_check_case(*case, staircase=staircase)
     assert row["ok"], f"{case}: {row}"
-    race = experiment.fp8_race_check(d=case[4], causal=case[5], lazy_rescale=True)
+    assert float(row["rmse"]) <= 1.15 * float(plain["rmse"]) + 1e-5, (row, plain)
+    race = experiment.fp8_race_check(d=case[4], causal=case[5], rescale_threshold=2)
     assert race["ok"], race
 
 

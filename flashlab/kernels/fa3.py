@@ -265,7 +265,7 @@ def _add(a, b):
 @gluon.jit
 def _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr):
     """S = Q_i K_j^T (Br, Bc) of query rows row0 + [0, Br) and keys start_n + [0, Bc), raw, with
-    -inf where a row must not see a key, and its row maximum in log2 units, rowmax(S) * scale."""
+    -inf where a row must not see a key, and its row maximum (Br,) in log2 units, rowmax(S) * scale."""
     if masked:  # the ragged last block, and the blocks the diagonal crosses
         s_layout: gl.constexpr = s.type.layout
         rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s_layout))  # (Br,) query indices i
@@ -279,8 +279,8 @@ def _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUS
 
 @gluon.jit
 def _exp_step(s, m_i, m_new, l_i, qk_scale, P_SHIFT: gl.constexpr = 0.0):
-    """P = 2^P_SHIFT exp2(S * scale * log2 e - m_new), l_new = alpha l + rowsum(P) and alpha =
-    exp2(m - m_new), for a running maximum that moves from m_i to m_new."""
+    """P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), l_new = alpha l + rowsum(P) and
+    alpha = exp2(m - m_new) (Br,), for a reference maximum that moves from m_i to m_new (Br,)."""
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: P = 0, not NaN
     alpha = gl.exp2(m_i - m_ref)  # exp2(m - m_new)
     p = gl.exp2(s * qk_scale - (m_ref - P_SHIFT)[:, None])  # P = exp2(S - m_new): one FFMA, one MUFU.EX2 a score
@@ -289,16 +289,15 @@ def _exp_step(s, m_i, m_new, l_i, qk_scale, P_SHIFT: gl.constexpr = 0.0):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
-                  P_SHIFT: gl.constexpr = 0.0):
+def _softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr):
     """Fold S = Q_i K_j^T (Br, Bc) of query rows row0 + [0, Br) and keys start_n + [0, Bc), raw,
-    into (m, l) in log2 units (Algorithm 1's softmax steps).
-    Returns P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
-    alpha = exp2(m - m_new) that brings O up to date. P_SHIFT is 0 here; the FP8 kernel
-    (:mod:`.fa3_fp8`) computes P 2^8 times larger, so that it lands in e4m3's normal range."""
+    into (m, l) (Br,) in log2 units (Algorithm 1's softmax steps).
+    Returns P = exp2(S * scale * log2 e - m_new) (Br, Bc), m_new, l_new and the factor
+    alpha = exp2(m - m_new) (Br,) that brings O up to date. (The FP8 kernel, :mod:`.fa3_fp8`,
+    computes P 2^8 times larger from the same two parts, so that it lands in e4m3's normal range.)"""
     s, row_max = _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
     m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
-    p, l_i, alpha = _exp_step(s, m_i, m_new, l_i, qk_scale, P_SHIFT)
+    p, l_i, alpha = _exp_step(s, m_i, m_new, l_i, qk_scale)
     return p, m_new, l_i, alpha
 
 

@@ -9,6 +9,10 @@ operands in both GEMMs:
     O_i  = alpha O_i + fp8(P_ij) V8_j        P from registers (the A operand), V8_j from shared memory
     O_i  = O_i * dv / l_i,  lse_i = m_i + log2(l_i) - 8      the 2^8 cancels in O / l
 
+With ``rescale_threshold`` theta (FlashAttention-4's conditional rescaling, off by default:
+:data:`RESCALE_THRESHOLD`), m_i moves, and O_i is rescaled, only when some row of the warpgroup
+rose above it by more than theta; P then carries 2^(8 - theta) instead of 2^8.
+
 Descales (float32, positive, as :func:`flashlab.kernels.fp8.quantize_fp8` makes them): Q per
 block of ``q_block`` rows (a multiple of Br = 64: one scalar per warpgroup) or per head, K per
 block of ``k_block`` rows (a multiple of Bc = 128: one scalar per key block, read beside each
@@ -45,10 +49,10 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from . import fa3
-from ._common import LN2, LOG2E, check_scale
+from ._common import LN2, LOG2E, check_rescale_threshold, check_scale
 
-__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "OUT_DTYPES", "SWITCHES", "compile_sm90", "config", "fa3_fp8_forward",
-           "forward", "key_order", "wgmma_v"]
+__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "OUT_DTYPES", "RESCALE_THRESHOLD", "SWITCHES", "compile_sm90", "config",
+           "fa3_fp8_forward", "forward", "key_order", "wgmma_v"]
 
 GLUON_FP8_IMPL = "gluon"  # the name flash_attention_fp8(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -56,7 +60,6 @@ OUT_DTYPES = (torch.bfloat16, torch.float16)
 _GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 FP8_DTYPE = torch.float8_e4m3fn
 P_SHIFT = 8.0  # P = 2^8 exp2(S - m): FA3's Max_offset, as in flashlab.kernels.fp8
-_SHIFT = gl.constexpr(P_SHIFT)
 # (ping-pong, intra-warpgroup overlap) each head dimension runs by default, as fa3.SWITCHES is for
 # bf16. FP8 halves the GEMMs' time and not the softmax's, and its softmax does more (descales,
 # P's 2^8, the cast to e4m3): the exp side is the longer, so ping-pong's turns only add waits,
@@ -64,12 +67,12 @@ _SHIFT = gl.constexpr(P_SHIFT)
 # fastest setting (results/fa3_backward/run15: +5-6 % at d = 128 without the mask, within the
 # spread with it; up to +4 % at d = 64).
 SWITCHES = {64: (False, True), 128: (False, True)}
-# Conditional rescaling (FlashAttention-4; chapter 7), ``lazy_rescale``: a warpgroup keeps its
-# rows' maximum m while no row's rowmax(S) has passed it by more than RESCALE_TAU (log2 units), and
-# then skips O's rescale. The result stays exact (O / l and lse use the same m); only P grows, to
-# 2^8 exp2(S - m) <= 2^(8 + tau), which e4m3 holds up to 448: tau <= log2(448 / 256) = 0.807.
-RESCALE_TAU = gl.constexpr(0.8)
-LAZY_RESCALE = False  # the default of forward's lazy_rescale
+# Conditional rescaling (FlashAttention-4; chapter 7), ``rescale_threshold`` theta: a warpgroup
+# keeps its rows' reference maximum m while no row's rowmax(S) has passed it by more than theta
+# (log2 units), and then skips O's rescale. Exact for any m (O / l and lse carry the same m); P =
+# 2^(8 - theta) exp2(S - m) <= 2^8 stays in e4m3's range, its smallest values losing theta bits,
+# as in flashlab.lab.variants.fp8_schedules. None (the default): rescale at every block.
+RESCALE_THRESHOLD = None
 
 
 def config(d: int) -> dict:
@@ -90,26 +93,28 @@ def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _lazy_softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
-                       LAZY: gl.constexpr):
-    """:func:`.fa3._softmax_step` with P 2^8 times larger and, LAZY, the warpgroup's maximum moved
-    only when some row's has grown by more than RESCALE_TAU. Returns P, m, l, alpha and whether O
-    must be rescaled (LAZY; else True)."""
+def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
+                      THETA: gl.constexpr, SHIFT: gl.constexpr):
+    """:func:`.fa3._softmax_step` for the FP8 kernel: S (Br, Bc), m, l (Br,) in log2 units.
+    Returns P = 2^SHIFT exp2(S * scale - m_new) (Br, Bc), m_new, l_new, alpha = exp2(m - m_new)
+    (Br,) and whether O must be rescaled (a scalar; True when THETA < 0). THETA >= 0: conditional
+    rescaling, m_new = m unless some row of the warpgroup rose above its m by more than THETA."""
     s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
-    m_new = gl.maximum(m_i, row_max)
+    m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
     rescale = True
-    if LAZY:  # grow: how far the warpgroup's maxima moved (a row seeing its first key: +inf)
-        grow = gl.reduce(gl.where(m_new > m_i, m_new - m_i, 0.0), 0, fa3._maximum)  # over its Br rows
-        rescale = grow > RESCALE_TAU
+    if THETA >= 0:  # rise: how far the warpgroup's maxima passed m (a row's first key: +inf)
+        rise = gl.reduce(gl.where(m_new > m_i, m_new - m_i, 0.0), 0, fa3._maximum)  # over the Br rows
+        rescale = rise > THETA
         m_new = gl.where(rescale, m_new, m_i)  # every row keeps its m, or every row moves
-    p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, _SHIFT)
+    p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT)
     return p, m_new, l_i, alpha, rescale
 
 
 @gluon.jit
-def _rescale(o, alpha, rescale, row_o: gl.constexpr, LAZY: gl.constexpr):
-    """O = alpha O (Algorithm 1, line 10), skipped when LAZY and the maxima have not moved."""
-    if LAZY:
+def _rescale(o, alpha, rescale, row_o: gl.constexpr, THETA: gl.constexpr):
+    """O = alpha O (Algorithm 1, line 10) for O (Br, d), alpha (Br,); skipped when THETA >= 0
+    and the warpgroup's maxima did not move."""
+    if THETA >= 0:
         if rescale:
             o = o * gl.convert_layout(alpha, row_o)[:, None]
     else:
@@ -133,7 +138,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                   N_Q, N_K, BH, DEAL, qk_scale,
                   CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
-                  PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, LAZY: gl.constexpr = False):
+                  PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
+                  SHIFT: gl.constexpr = P_SHIFT):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
     program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
     (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax)."""
@@ -178,9 +184,9 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(first), count=1)
-        p, m_i, l_i, alpha, rescale = _lazy_softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, f,
-                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
-                                                         CAUSAL, LAZY)
+        p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, f,
+                                                        fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
+                                                        CAUSAL, THETA, SHIFT)
         # fp8(P), rounded to nearest even, its columns in V's key order: A's layout without moving data
         p = gl.convert_layout(_as_operand(p.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
 
@@ -194,7 +200,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             f = r
             if K_SB != 0:
                 f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
-            o = _rescale(o, alpha, rescale, row_o, LAZY)
+            o = _rescale(o, alpha, rescale, row_o, THETA)
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
             o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
@@ -204,9 +210,9 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             else:  # both GEMMs done before the softmax
                 o, s = warpgroup_mma_wait(0, deps=(o_tok, s_tok))
             mbarrier.arrive(k_empty.index(stage), count=1)
-            p_next, m_i, l_i, alpha, rescale = _lazy_softmax_step(
+            p_next, m_i, l_i, alpha, rescale = _fp8_softmax_step(
                 s, m_i, l_i, row0, start_n, N_K, causal_offset, f,
-                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, LAZY)
+                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT)
             # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
             if OVERLAP:
@@ -216,16 +222,16 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
 
         last = (c + n_blocks - 1) % STAGES
-        o = _rescale(o, alpha, rescale, row_o, LAZY)
+        o = _rescale(o, alpha, rescale, row_o, THETA)
         mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
         fa3._take_turn(turn, c + n + n_blocks, WG, PINGPONG)
         o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(last), count=1)
-        # O = O dv / l and lse = m + log2(l) - 8: l summed the 2^8-scaled P, as O did
+        # O = O dv / l and lse = m + log2(l) - SHIFT: l summed the 2^SHIFT-scaled P, as O did
         dv = _descale_at(VD, bh, 1, 0, 0)
-        fa3._store_tile(desc_o, O, LSE, o_smem.index(WG), o * dv, m_i - _SHIFT, l_i, row0, bh * N_Q, N_Q,
+        fa3._store_tile(desc_o, O, LSE, o_smem.index(WG), o * dv, m_i - SHIFT, l_i, row0, bh * N_Q, N_Q,
                         o_layout, BLOCK_M, HEAD_D)
         c += n_blocks
         n += 1
@@ -236,7 +242,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
 def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, BH, DEAL, qk_scale,
                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
-                    PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, LAZY: gl.constexpr = False):
+                    PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
+                    SHIFT: gl.constexpr = P_SHIFT):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
     (B * H * d, N_k), O as (B * H * N_q, d)."""
     q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
@@ -244,13 +251,20 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
     gl.warp_specialize([
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, LAZY)),
+                         PINGPONG, OVERLAP, THETA, SHIFT)),
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, LAZY)),
+                         PINGPONG, OVERLAP, THETA, SHIFT)),
         (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True)),
     ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
+
+
+def _rescaling(rescale_threshold: object) -> dict[str, float]:
+    """The kernel's THETA (-1: rescale at every block) and SHIFT (P = 2^SHIFT exp2(S - m)) for
+    ``rescale_threshold`` (checked: None or a number in [0, 8])."""
+    theta = check_rescale_threshold(rescale_threshold, P_SHIFT, f"P <= 2^{P_SHIFT:g} must stay in e4m3's range")
+    return {"THETA": -1.0, "SHIFT": P_SHIFT} if theta is None else {"THETA": theta, "SHIFT": P_SHIFT - theta}
 
 
 def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
@@ -317,11 +331,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
             v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16,
             out: torch.Tensor | None = None, pingpong: bool | None = None,
-            overlap: bool | None = None, lazy_rescale: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            overlap: bool | None = None,
+            rescale_threshold: float | None = RESCALE_THRESHOLD) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
     :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d);
-    ``lazy_rescale``: conditional rescaling (:data:`RESCALE_TAU`; None: :data:`LAZY_RESCALE`).
+    ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8].
     Returns o and lse2 (log2 units)."""
+    rescaling = _rescaling(rescale_threshold)
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
@@ -349,8 +365,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     n_programs, deal = fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
                                    scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
-                                   PINGPONG=pingpong, OVERLAP=overlap,
-                                   LAZY=LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale), **c, num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+                                   PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
     return o, lse2
 
 
@@ -383,16 +398,16 @@ def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
                  out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None,
-                 lazy_rescale: bool | None = None):
+                 rescale_threshold: float | None = RESCALE_THRESHOLD):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
-    ``pingpong``, ``overlap``, ``lazy_rescale`` as :func:`forward` takes them."""
+    ``pingpong``, ``overlap``, ``rescale_threshold`` as :func:`forward` takes them."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = config(d)
     f8 = gl.float8e4nv
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
     constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
-                      OVERLAP=overlap, LAZY=LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale), **c)
+                      OVERLAP=overlap, **_rescaling(rescale_threshold), **c)
     signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
                  "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),
                  "desc_vt": fa3.tensor_descriptor_type(f8, [d, c["BLOCK_N"]]),

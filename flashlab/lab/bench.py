@@ -209,8 +209,9 @@ def naive_step_costs(
 KERNEL_IMPLS = ("flashlab", "sdpa_flash", "sdpa_cudnn", "naive")
 # Asked for by name (--impls): flashlab_gluon, flash_attention(impl="gluon"): the Gluon FA3 forward
 # (sm_90) with the Triton backward; flashlab_fa3, the same with deterministic=False: the Gluon FA3
-# forward and the Gluon FA3 backward (fa3_backward.py), flashlab's fastest pair; flashlab_fp8, the FP8 forward, inputs quantised before timing;
-# flashlab_gluon_fp8, the same with flash_attention_fp8(impl="gluon"): the Gluon FA3 FP8 forward (sm_90).
+# forward and the Gluon FA3 backward (fa3_backward.py), flashlab's fastest pair; flashlab_fp8, the
+# FP8 forward, inputs quantised before timing; flashlab_gluon_fp8, the same with
+# flash_attention_fp8(impl="gluon"): the Gluon FA3 FP8 forward (sm_90).
 OPTIONAL_IMPLS = ("flashlab_gluon", "flashlab_fa3", "flashlab_fp8", "flashlab_gluon_fp8")
 FORWARD_ONLY_IMPLS = ("flashlab_fp8", "flashlab_gluon_fp8")
 FP8_BLOCK = 128  # rows per descale of flashlab_fp8's Q and K

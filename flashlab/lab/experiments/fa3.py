@@ -407,7 +407,7 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     """The contenders of one shape of :func:`fp8_switches`: cuDNN and the Gluon forward in bf16
     (its default), the Triton FP8 kernel, and the Gluon FP8 kernel under each setting of its two
     switches (``fp8_`` + :func:`switch_name`), and its default with conditional rescaling
-    (``_lazy``: ``lazy_rescale=True``), on inputs quantised once (Q, K per :data:`FP8_BLOCK`
+    (``_theta2``, ``_theta8``: ``rescale_threshold`` 2 and 8), on inputs quantised once (Q, K per :data:`FP8_BLOCK`
     rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
     from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
@@ -421,8 +421,10 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
         for overlap in (True, False):
             fns["fp8_" + switch_name(pingpong, overlap)] = (
                 lambda p=pingpong, o=overlap: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o))
-    fns["fp8_" + switch_name(*FP8_SWITCHES[q.shape[-1]]) + "_lazy"] = (
-        lambda: fp8_forward(**pre, causal=causal, lazy_rescale=True))
+    p0, o0 = FP8_SWITCHES[q.shape[-1]]
+    for theta in (2, 8):
+        fns["fp8_" + switch_name(p0, o0) + f"_theta{theta}"] = (
+            lambda t=theta: fp8_forward(**pre, causal=causal, pingpong=p0, overlap=o0, rescale_threshold=t))
     return fns
 
 
@@ -554,34 +556,50 @@ FP8_BLOCK = 128  # rows per Q and K descale; V one per head, as FA3 scales V
 FP8_SPEED_N = (4096, 8192, 16384)
 
 
-def _fp8_inputs(B, H, n_q, n_k, d, seed, ramp: float = 0.0):
+def _fp8_inputs(B, H, n_q, n_k, d, seed, staircase: float = 0.0):
     from flashlab.kernels.fp8 import quantize_qkv
 
     q, k, v = _inputs((B, H, n_q, d), (B, H, n_k, d), torch.bfloat16, seed)
-    if ramp:  # q_i0 >= 1 and k_j0 rising with j: each row's scores climb along the keys
-        q[..., 0] = q[..., 0].abs() + 1
-        k[..., 0] += ramp * torch.arange(n_k, dtype=torch.float32).to(k.dtype) / n_k
+    if staircase:
+        q, k = _staircase(q, k, staircase, seed)
     return quantize_qkv(q.cuda(), k.cuda(), v.cuda(), block=FP8_BLOCK, v_block=None)
 
 
+def _staircase(q: torch.Tensor, k: torch.Tensor, rise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q and K (B, H, N, d) whose scores, in log2 units, have the same block maxima in every row:
+    the first key of key block t (FP8_BLOCK keys) scores 4 + ``rise * t``, the block's other keys
+    1 to 4 below it (chapter 7's staircase row). So key block t passes a reference maximum set s
+    blocks earlier by s * rise, in every row of a warpgroup at once."""
+    d, n_k = q.shape[-1], k.shape[2]
+    unit = d**-0.5 * math.log2(math.e)  # a score of 1 in q k^T is this many log2 units
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t = torch.arange(n_k) // FP8_BLOCK
+    below = torch.where(torch.arange(n_k) % FP8_BLOCK == 0, 0.0, 1.0 + 3.0 * torch.rand(n_k, generator=g))
+    q, k = torch.zeros_like(q), torch.zeros_like(k)
+    q[..., 0] = 1.0
+    k[..., 0] = ((4.0 + rise * t - below) / unit).to(k.dtype)  # (N_k,): positive, largest first in a block
+    return q, k
+
+
 def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, seed: int = 0,
-                   pingpong: bool | None = None, overlap: bool | None = None, lazy_rescale: bool | None = None,
-                   ramp: float = 0.0) -> dict[str, object]:
+                   pingpong: bool | None = None, overlap: bool | None = None,
+                   rescale_threshold: float | None = None, staircase: float = 0.0) -> dict[str, object]:
     """The Gluon FP8 forward against float64 attention of its dequantised inputs (RMSE), beside the
     Triton FP8 kernel on the same inputs; lse against the reference's. ok: RMSE at most 1.25x the
     Triton kernel's + 1e-4, lse within 1e-3 relative, -inf exactly where a row sees no key.
-    ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES); ``lazy_rescale``:
-    conditional rescaling (None: fa3_fp8.LAZY_RESCALE); ``ramp``: add ramp * j / N_k to key j's
-    first coordinate, so that every row's maximum climbs slowly along the keys (the case where
-    conditional rescaling keeps a stale maximum longest, and P comes closest to e4m3's limit)."""
+    ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES);
+    ``rescale_threshold``: conditional rescaling (None: rescale at every block); ``staircase``:
+    scores whose block maxima climb this much a key block (:func:`_staircase`), where conditional
+    rescaling keeps a stale maximum for blocks on end."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
     from flashlab.kernels.fp8 import dequantize_fp8, flash_attention_fp8
 
-    pre = _fp8_inputs(B, H, n_q, n_k, d, seed, ramp)
+    pre = _fp8_inputs(B, H, n_q, n_k, d, seed, staircase)
     deq = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().cpu().numpy() for x in "qkv"]
     o_ref, lse_ref = attention(*deq, causal=causal, return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
-    o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap, lazy_rescale=lazy_rescale)
+    o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap,
+                          rescale_threshold=rescale_threshold)
     lse = lse2 * LN2
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
@@ -598,12 +616,12 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
 
 def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
                    pingpong: bool | None = None, overlap: bool | None = None,
-                   lazy_rescale: bool | None = None) -> dict[str, object]:
+                   rescale_threshold: float | None = None) -> dict[str, object]:
     """The FP8 kernel twice on the same inputs gives identical bits; a NaN-filled output is overwritten."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
 
     pre = _fp8_inputs(B, H, n, n, d, 1)
-    switched = dict(causal=causal, pingpong=pingpong, overlap=overlap, lazy_rescale=lazy_rescale)
+    switched = dict(causal=causal, pingpong=pingpong, overlap=overlap, rescale_threshold=rescale_threshold)
     o1, lse1 = fp8_forward(**pre, **switched)
     poisoned = torch.full_like(o1, float("nan"))
     o2, lse2 = fp8_forward(**pre, **switched, out=poisoned)
