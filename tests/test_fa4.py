@@ -245,3 +245,32 @@ def test_fa4_figures_draw(stem):
     fig = get(stem)()
     assert fig.axes
     plt.close(fig)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 2), st.integers(1, 40), st.integers(1, 40), st.integers(1, 9), st.integers(1, 12),
+    st.sampled_from([0.0, 1.0, 2.0, 8.0]), st.booleans(), st.integers(0, 2**31 - 1),
+)
+def test_rows_deciding_together_stay_exact(batch, n_q, n_k, block_size, row_group, theta, causal, seed):
+    """row_group > 1 (a warpgroup's rows share one decision, as in the Gluon FP8 kernel): still
+    softmax(q k^T) v, every 2^(s - m_ref) <= 2^theta; without the mask the rows of a group
+    rescale together, so they count the same rescales."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.normal(size=(batch, n_q, 8)), 4 * rng.normal(size=(batch, n_k, 8))
+    v = rng.normal(size=(batch, n_k, 5))
+    res = rescale.conditional_attention(q, k, v, theta, block_size, causal, row_group=row_group)
+    assert np.max(np.abs(res.o - reference_attention(q, k, v, causal=causal))) < TOL
+    assert res.max_p <= 2.0**theta * (1 + 1e-12)
+    if not causal:
+        for g in range(0, n_q, row_group):
+            assert np.all(res.rescales[:, g:g + row_group] == res.rescales[:, g:g + 1])
+    alone = rescale.conditional_attention(q, k, v, theta, block_size, causal)
+    assert np.array_equal(rescale.conditional_attention(q, k, v, theta, block_size, causal, row_group=1).rescales,
+                          alone.rescales)
+
+
+def test_row_group_checked():
+    x = np.ones((2, 4))
+    with pytest.raises(ValueError, match="row_group"):
+        rescale.conditional_attention(x, x, x, row_group=0)

@@ -71,7 +71,9 @@ SWITCHES = {64: (False, True), 128: (False, True)}
 # keeps its rows' reference maximum m while no row's rowmax(S) has passed it by more than theta
 # (log2 units), and then skips O's rescale. Exact for any m (O / l and lse carry the same m); P =
 # 2^(8 - theta) exp2(S - m) <= 2^8 stays in e4m3's range, its smallest values losing theta bits,
-# as in flashlab.lab.variants.fp8_schedules. None (the default): rescale at every block.
+# as in flashlab.lab.variants.fp8_schedules. The rule of
+# flashlab.reference.rescale.conditional_attention with row_group = Br. None (the default):
+# rescale at every block.
 RESCALE_THRESHOLD = None
 
 

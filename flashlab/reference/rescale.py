@@ -140,7 +140,7 @@ def staircase_row(steps: int = 10, rise: float = 1.0, block_size: int = 4, seed:
 
 
 def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,
-                          scale: float | None = None, dtype=np.float64) -> ConditionalResult:
+                          scale: float | None = None, dtype=np.float64, row_group: int = 1) -> ConditionalResult:
     """Attention by online softmax over K/V blocks with conditional rescaling (FA4 §3.2).
 
     Parameters
@@ -150,9 +150,14 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
     block_size : B_c, keys per block
     causal, scale : as in :func:`flashlab.reference.attention`
     dtype : floating type of the computation (float64 by default)
+    row_group : query rows that decide together (consecutive, the last group may be shorter):
+        when one row of a group must move, every row of the group moves to its running max.
+        1 (default) is FA4's rule, row by row; a GPU kernel whose rows share a warpgroup can skip
+        the rescale only for all of them at once (flashlab.kernels.fa3_fp8: 64 rows).
     """
     q, k, v = _check_qkv(q, k, v, dtype)
     theta, Bc = _threshold(threshold), positive_int("block_size", block_size)
+    G = positive_int("row_group", row_group)
     N_q, N_k = q.shape[-2], k.shape[-2]
     s_log2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2E)  # (..., N_q, N_k) log2 units
     if causal:
@@ -168,7 +173,12 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         m_blk = np.max(s_blk, axis=-1)  # (..., N_q)
         empty = m_ref == -np.inf  # nothing seen yet (or only masked scores)
         m_old_finite = np.where(empty, 0.0, m_ref)  # finite stand-in, so -inf - -inf never occurs
-        move = empty | (m_blk - m_old_finite > theta)  # rows whose reference must move
+        move = (empty & (m_blk > -np.inf)) | (m_blk - m_old_finite > theta)  # rows whose reference must move
+        if G > 1:  # a group moves when any of its rows must: every row of it then moves
+            groups = -(-N_q // G)
+            padded = np.concatenate([move, np.zeros(move.shape[:-1] + (groups * G - N_q,), bool)], axis=-1)
+            move = np.repeat(np.any(padded.reshape(move.shape[:-1] + (groups, G)), axis=-1), G, axis=-1)[..., :N_q]
+        move = move | empty  # an empty state takes the block max (or stays -inf): nothing to rescale
         count += move & ~empty  # moving an empty state is not a rescale
         m_new = np.where(move, np.maximum(m_ref, m_blk), m_ref)
         alpha = np.where(empty, 0.0, np.exp2(m_old_finite - np.where(empty, 0.0, m_new)))  # 2^(m_ref - m_new)
