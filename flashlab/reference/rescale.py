@@ -173,12 +173,9 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         m_blk = np.max(s_blk, axis=-1)  # (..., N_q)
         empty = m_ref == -np.inf  # nothing seen yet (or only masked scores)
         m_old_finite = np.where(empty, 0.0, m_ref)  # finite stand-in, so -inf - -inf never occurs
-        move = (empty & (m_blk > -np.inf)) | (m_blk - m_old_finite > theta)  # rows whose reference must move
-        if G > 1:  # a group moves when any of its rows must: every row of it then moves
-            groups = -(-N_q // G)
-            padded = np.concatenate([move, np.zeros(move.shape[:-1] + (groups * G - N_q,), bool)], axis=-1)
-            move = np.repeat(np.any(padded.reshape(move.shape[:-1] + (groups, G)), axis=-1), G, axis=-1)[..., :N_q]
-        move = move | empty  # an empty state takes the block max (or stays -inf): nothing to rescale
+        move = empty | (m_blk - m_old_finite > theta)  # rows whose reference must move
+        if G > 1:  # rows deciding together (a GPU warpgroup): one row that must move moves them all
+            move = empty | _any_in_group(move & (m_blk > -np.inf), G)
         count += move & ~empty  # moving an empty state is not a rescale
         m_new = np.where(move, np.maximum(m_ref, m_blk), m_ref)
         alpha = np.where(empty, 0.0, np.exp2(m_old_finite - np.where(empty, 0.0, m_new)))  # 2^(m_ref - m_new)
@@ -192,6 +189,15 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         o_tilde = o_tilde + p @ v[..., j:j + Bc, :]  # (..., N_q, d_v)
     o = np.where(l[..., None] > 0, o_tilde / np.where(l > 0, l, 1.0)[..., None], 0.0)  # o = o_tilde / l
     return ConditionalResult(o, count, m_ref, l, max_p)
+
+
+def _any_in_group(x: np.ndarray, G: int) -> np.ndarray:
+    """For x (..., N) of bools: True at every position of a group of G consecutive entries (the
+    last may be shorter) that holds a True."""
+    N = x.shape[-1]
+    groups = -(-N // G)
+    padded = np.concatenate([x, np.zeros(x.shape[:-1] + (groups * G - N,), dtype=bool)], axis=-1)  # (..., groups G)
+    return np.repeat(np.any(padded.reshape(x.shape[:-1] + (groups, G)), axis=-1), G, axis=-1)[..., :N]
 
 
 def attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,
