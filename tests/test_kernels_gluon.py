@@ -149,6 +149,11 @@ def _sass(cubin: bytes) -> str:
     return cuobjdump(cubin, "-sass")
 
 
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction) of every instruction in ``cuobjdump -sass`` output."""
+    return [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
 def key_block_loops(sass: str, marker: str = "DEPBAR.LE gsb0, 0x1") -> list[list[str]]:
     """The instructions of each key-block loop in ``sass``: a backward branch's body holding two
     wgmma (HGMMA, or QGMMA for FP8) and ``marker``, by default the intra-warpgroup wait
@@ -156,7 +161,7 @@ def key_block_loops(sass: str, marker: str = "DEPBAR.LE gsb0, 0x1") -> list[list
     loop of a persistent program holds all that too but is about twice as long (the first
     block's S, the last P V, the epilogue); ptxas may place the inner loop's body outside the
     outer one's address range, so the loops are told apart by length."""
-    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ins = _instructions(sass)
     loops = []
     for addr, op in ins:
         m = re.search(r"BRA (0x[0-9a-f]+)", op)
@@ -467,7 +472,7 @@ def test_fp8_default_build_follows_its_switches():
 def _skipped_rescales(sass: str, head_d: int) -> int:
     """Conditional forward branches in ``sass`` that jump over exactly O's rescale: head_d / 2
     FMUL a thread (a 64-row O of head_d columns over a warpgroup's 128 threads) and nothing else."""
-    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ins = _instructions(sass)
     count = 0
     for addr, op in ins:
         m = re.match(r"@!?U?P\d BRA (0x[0-9a-f]+)", op)
@@ -604,7 +609,7 @@ def test_the_other_pingpong_setting_matches_too(case):
 @pytest.mark.parametrize("case", [c for c in experiment.CASES if c[4] == 64], ids=str)
 def test_both_consumer_counts_at_d64_match(case, consumers):
     """d = 64, both switches off (fa3.SWITCHES), with two consumer warpgroups (fa3.CONSUMERS'
-    default) and with three (faster without the mask, runs 13-14): against the float64 reference,
+    default with the mask) and with three (its default without): against the float64 reference,
     and race-free."""
     row = experiment.check_case(*case, pingpong=False, overlap=False, consumers=consumers)
     assert row["ok"], f"{case}: {row}"
@@ -620,8 +625,8 @@ def test_three_consumers_across_tiles(causal):
     """Three consumer warpgroups with several tiles per program (360 tiles of 192 rows on at most
     132 SMs; causal, dealt in pairs): every tile against the float64 reference, and a NaN-filled
     output overwritten everywhere. The cases above give each program one tile; this one carries
-    the ring, the Q slots and the three-way empty barriers from tile to tile. fa3.CONSUMERS makes
-    three the default at d = 64 without the mask once this passes."""
+    the ring, the Q slots and the three-way empty barriers from tile to tile, as three consumers
+    run by default at d = 64 without the mask (fa3.CONSUMERS)."""
     B, H, n, d = 2, 30, 1152, 64
     n_tiles = -(-n // (3 * fa3.BLOCK_M)) * B * H
     programs, deal = fa3.programs(n_tiles, causal, torch.device("cuda"))

@@ -113,13 +113,10 @@ def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, 
 
 
 @gluon.jit
-def _rescale(o, alpha, rescale, row_o: gl.constexpr, THETA: gl.constexpr):
-    """O = alpha O (Algorithm 1, line 10) for O (Br, d), alpha (Br,); skipped when THETA >= 0
-    and the warpgroup's maxima did not move."""
-    if THETA >= 0:
-        if rescale:
-            o = o * gl.convert_layout(alpha, row_o)[:, None]
-    else:
+def _rescale(o, alpha, rescale, row_o: gl.constexpr):
+    """O = alpha O (Algorithm 1, line 10) for O (Br, d), alpha (Br,), unless ``rescale`` (from
+    :func:`_fp8_softmax_step`: the constant True without conditional rescaling) is false."""
+    if rescale:
         o = o * gl.convert_layout(alpha, row_o)[:, None]
     return o
 
@@ -202,7 +199,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             f = r
             if K_SB != 0:
                 f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
-            o = _rescale(o, alpha, rescale, row_o, THETA)
+            o = _rescale(o, alpha, rescale, row_o)
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
             o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
@@ -224,7 +221,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
 
         last = (c + n_blocks - 1) % STAGES
-        o = _rescale(o, alpha, rescale, row_o, THETA)
+        o = _rescale(o, alpha, rescale, row_o)
         mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
         fa3._take_turn(turn, c + n + n_blocks, WG, PINGPONG)
         o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)

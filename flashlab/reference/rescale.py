@@ -194,10 +194,8 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
 def _any_in_group(x: np.ndarray, G: int) -> np.ndarray:
     """For x (..., N) of bools: True at every position of a group of G consecutive entries (the
     last may be shorter) that holds a True."""
-    N = x.shape[-1]
-    groups = -(-N // G)
-    padded = np.concatenate([x, np.zeros(x.shape[:-1] + (groups * G - N,), dtype=bool)], axis=-1)  # (..., groups G)
-    return np.repeat(np.any(padded.reshape(x.shape[:-1] + (groups, G)), axis=-1), G, axis=-1)[..., :N]
+    starts = np.arange(0, x.shape[-1], G)  # first entry of each group
+    return np.logical_or.reduceat(x, starts, axis=-1)[..., np.arange(x.shape[-1]) // G]
 
 
 def attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,

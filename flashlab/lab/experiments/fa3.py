@@ -407,8 +407,8 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     """The contenders of one shape of :func:`fp8_switches`: cuDNN and the Gluon forward in bf16
     (its default), the Triton FP8 kernel, and the Gluon FP8 kernel under each setting of its two
     switches (``fp8_`` + :func:`switch_name`), and its default with conditional rescaling
-    (``_theta2``, ``_theta8``: ``rescale_threshold`` 2 and 8), on inputs quantised once (Q, K per :data:`FP8_BLOCK`
-    rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
+    (``_theta2``, ``_theta8``: ``rescale_threshold`` 2 and 8), on inputs quantised once (Q, K
+    per :data:`FP8_BLOCK` rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
     from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
     from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
@@ -566,18 +566,18 @@ def _fp8_inputs(B, H, n_q, n_k, d, seed, staircase: float = 0.0):
 
 
 def _staircase(q: torch.Tensor, k: torch.Tensor, rise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q and K (B, H, N, d) whose scores, in log2 units, have the same block maxima in every row:
-    the first key of key block t (FP8_BLOCK keys) scores 4 + ``rise * t``, the block's other keys
-    1 to 4 below it (chapter 7's staircase row). So key block t passes a reference maximum set s
-    blocks earlier by s * rise, in every row of a warpgroup at once."""
+    """Q and K (B, H, N, d) whose scores, in log2 units, are 4 + chapter 7's staircase row
+    (:func:`flashlab.reference.rescale.staircase_row`, blocks of FP8_BLOCK keys) in every row:
+    key block t peaks at 4 + ``rise * t``, so it passes a reference maximum set s blocks earlier
+    by s * rise, in every row of a warpgroup at once."""
+    from flashlab.reference.rescale import staircase_row
+
     d, n_k = q.shape[-1], k.shape[2]
     unit = d**-0.5 * math.log2(math.e)  # a score of 1 in q k^T is this many log2 units
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    t = torch.arange(n_k) // FP8_BLOCK
-    below = torch.where(torch.arange(n_k) % FP8_BLOCK == 0, 0.0, 1.0 + 3.0 * torch.rand(n_k, generator=g))
+    row = staircase_row(-(-n_k // FP8_BLOCK), rise, FP8_BLOCK, seed)[:n_k]  # (N_k,)
     q, k = torch.zeros_like(q), torch.zeros_like(k)
     q[..., 0] = 1.0
-    k[..., 0] = ((4.0 + rise * t - below) / unit).to(k.dtype)  # (N_k,): positive, largest first in a block
+    k[..., 0] = torch.from_numpy((4.0 + row) / unit).to(k.dtype)  # positive, largest first in a block
     return q, k
 
 
