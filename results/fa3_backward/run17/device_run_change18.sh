@@ -21,7 +21,7 @@ mkdir -p $OUT/s3
 sed -i 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' $K; grep -c "THETA + 2.0" $K > $OUT/s3/break_gap.txt
 TRITON_CACHE_DIR=$(mktemp -d) timeout 40 python -m pytest -m gpu tests/test_kernels_gluon.py -k "conditional_rescaling_matches and 0.75" -q -p no:cacheprovider >> $OUT/s3/break_gap.txt 2>&1; echo "rc=$? $(( $(date +%s)-t0 ))s" >> $OUT/s3/break_gap.txt
 cp /tmp/fa3_fp8.orig $K
-sed -i 's/        if rescale:$/        if not rescale:/' $K; grep -c "if not rescale:" $K > $OUT/s3/break_branch.txt
+sed -i 's/    if rescale:$/    if not rescale:/' $K; grep -c "if not rescale:" $K > $OUT/s3/break_branch.txt
 TRITON_CACHE_DIR=$(mktemp -d) timeout 40 python -m pytest -m gpu tests/test_kernels_gluon.py -k "conditional_rescaling_matches and 0.75" -q -p no:cacheprovider >> $OUT/s3/break_branch.txt 2>&1; echo "rc=$? $(( $(date +%s)-t0 ))s" >> $OUT/s3/break_branch.txt
 cp /tmp/fa3_fp8.orig $K
 pack s3
