@@ -154,3 +154,20 @@ def test_kernel_impls_call_the_kernels_they_name(monkeypatch, name, impl, determ
     monkeypatch.setattr(flashlab.kernels, "flash_attention", lambda q, k, v, **kw: calls.append(kw))
     bench._impl(name, True)(None, None, None)
     assert calls == [{"causal": True, "impl": impl, "deterministic": deterministic}]
+
+
+def test_kernel_suite_writes_its_own_ceilings(tmp_path, monkeypatch):
+    """On a GPU the kernel suite records the matmul and copy ceilings of the same run beside its rows,
+    so every TFLOP/s it prints has a same-run fraction of the ceiling (the device is stubbed here)."""
+    row = {"impl": "sdpa_cudnn", "dtype": "bfloat16", "causal": False, "d": 64, "N": 128, "B": 1, "H": 1,
+           "pass": "fwd", "ms": 1.0, "tflops": 1.0}
+    ceiling = {"ceiling": "matmul_bf16_8192", "ms": 1.0, "value": 7.5e14, "unit": "FLOP/s"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "kernel_suite", lambda *a, **k: [row])
+    monkeypatch.setattr(bench, "ceilings", lambda device: [ceiling])
+    monkeypatch.setattr(bench, "gpu_slug", lambda: "stub-gpu")
+    meta = dict.fromkeys(results.REQUIRED_META, "stub")
+    monkeypatch.setattr(bench, "provenance", lambda command: meta | {"command": command})
+    assert bench.main(["--suite", "kernels", "--impls", "sdpa_cudnn", "--out", str(tmp_path)]) == 0
+    assert results.load("stub-gpu/bench", tmp_path).rows[0]["impl"] == "sdpa_cudnn"
+    assert results.load("stub-gpu/ceilings", tmp_path).rows[0]["value"] == 7.5e14

@@ -365,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab.lab.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(results.RESULTS_DIR), help="results folder")
     parser.add_argument("--suite", choices=["all", "kernels", "ch01"], default="all",
-                        help="kernels: flashlab vs SDPA vs naive -> OUT/<gpu-slug>/bench.csv; "
+                        help="kernels: flashlab vs SDPA vs naive -> OUT/<gpu-slug>/bench.csv, with the same "
+                             "run's ceilings in OUT/<gpu-slug>/ceilings.csv; "
                              "ch01: naive vs fused, per-step costs, ceilings -> OUT/*_TAG.csv")
     parser.add_argument("--tag", help="suffix of the chapter-1 result stems (default: the GPU's slug without its "
                                           "vendor, e.g. h200; cpu without a GPU)")
@@ -405,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                             passes=tuple(args.passes))
         slug = gpu_slug() if device == "cuda" else "cpu"
         written += results.write("bench", rows, meta, Path(args.out) / slug)
+        if device == "cuda":  # the ceilings of this run, so every row has a same-run fraction of them
+            written += results.write("ceilings", ceilings(device), meta, Path(args.out) / slug)
     if args.suite in ("all", "ch01"):
         tag = args.tag or (gpu_tag() if device.startswith("cuda") else "cpu")
         backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
