@@ -1,0 +1,54 @@
+"""Change 19 against the FP8 kernel as main had it, in one process on one GPU (run 18).
+
+    PYTHONPATH=. python results/fa3_backward/run18/ab_pack.py OUT
+
+Contenders, timed in fa3._time_switches' rotated rounds at d = 128 and 64 (AB_D: which),
+N = 16k and 4k (AB_N: which), causal and not: cuDNN and the bf16 Gluon forward (anchors), the
+FP8 kernel with change 19 (fp8_default) and without it (fp8_before: fa3_fp8_before.py beside
+this file), both with their default switches, on the same quantised inputs. Before the rounds, each shape checks that the
+two FP8 kernels give the same bits (``fa3_fp8_pack_same_bits.json``): change 19 moves where P
+is converted, not how. Writes fa3_fp8_pack_n<N>_<gpu>.csv/.json for each N (provenance as the
+experiments record it) under OUT."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+from flashlab.lab.experiments import fa3 as e
+
+# inside the package, so that its relative imports (from . import fa3) resolve
+spec = importlib.util.spec_from_file_location("flashlab.kernels.fa3_fp8_before",
+                                              Path(__file__).with_name("fa3_fp8_before.py"))
+before = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = before  # gluon.jit looks its functions' module up by name
+spec.loader.exec_module(before)
+SAME: dict[tuple, bool] = {}
+
+
+def contenders(q, k, v, do, causal):
+    from flashlab.kernels.fa3_fp8 import forward as fp8_forward
+    from flashlab.kernels.fp8 import quantize_qkv
+    from flashlab.lab.experiments.backward import _sdpa_cudnn
+
+    pre = quantize_qkv(q, k, v, block=e.FP8_BLOCK, v_block=None)
+    new = lambda: fp8_forward(**pre, causal=causal)  # noqa: E731
+    old = lambda: before.forward(**pre, causal=causal)  # noqa: E731
+    SAME[(q.shape[-1], q.shape[2], causal)] = all(torch.equal(a, b) for a, b in zip(new(), old()))
+    return {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0], "bf16_default": lambda: e.forward(q, k, v, causal),
+            "fp8_default": new, "fp8_before": old}
+
+
+if __name__ == "__main__":
+    import json
+    import os
+
+    e.SPEED_D = tuple(int(d) for d in os.environ.get("AB_D", "128 64").split())
+    e.SWITCH_N = tuple(int(n) for n in os.environ.get("AB_N", "16384 4096").split())
+
+    for n in sorted(e.SWITCH_N, reverse=True):  # a record per length, longest first: a time limit keeps those done
+        e.SWITCH_N = (n,)
+        e._time_switches(contenders, lambda d, causal: "fp8_default", f"fa3_fp8_pack_n{n}", sys.argv[1])
+        same = [{"d": d, "N": n, "causal": c, "same_bits": s} for (d, n, c), s in SAME.items()]
+        Path(sys.argv[1], "fa3_fp8_pack_same_bits.json").write_text(json.dumps(same, indent=1))
+        print("same bits:", same, flush=True)
