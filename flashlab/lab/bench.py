@@ -398,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = args.ns or ([128, 256] if args.quick else [512, 1024, 2048, 4096, 8192, 16384])
     tokens = 256 if args.quick else TOKENS
     written: list[Path] = []
+    ceiling_rows: list[dict[str, object]] = []  # measured once a run, on a GPU, for both suites
     if args.suite in ("all", "kernels"):
         impls = tuple(args.impls) if args.impls else KERNEL_IMPLS if device == "cuda" else ("naive", "sdpa_math")
         if device == "cuda" and ("flashlab" in impls or "flashlab_gluon" in impls):  # the latter's backward
@@ -407,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         slug = gpu_slug() if device == "cuda" else "cpu"
         written += results.write("bench", rows, meta, Path(args.out) / slug)
         if device == "cuda":  # the ceilings of this run, so every row has a same-run fraction of them
-            written += results.write("ceilings", ceilings(device), meta, Path(args.out) / slug)
+            ceiling_rows = ceilings(device)
+            written += results.write("ceilings", ceiling_rows, meta, Path(args.out) / slug)
     if args.suite in ("all", "ch01"):
         tag = args.tag or (gpu_tag() if device.startswith("cuda") else "cpu")
         backends = ("naive", "flash", "cudnn") if device == "cuda" else ("naive", "default")
@@ -423,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
         }
         if device == "cuda":
-            suites[f"ceilings_{tag}"] = ceilings(device)
+            suites[f"ceilings_{tag}"] = ceiling_rows or ceilings(device)
         for stem, rows in suites.items():
             written += results.write(stem, rows, meta, args.out)
     for path in written:

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import torch
 
+import flashlab.lab.experiments as experiments
 from flashlab.lab.experiments import fa3 as e
+
+experiments.COMMAND = "PYTHONPATH=. python results/fa3_backward/run18/ab_pack.py"  # the records' command
 
 # inside the package, so that its relative imports (from . import fa3) resolve
 spec = importlib.util.spec_from_file_location("flashlab.kernels.fa3_fp8_before",
@@ -34,7 +37,9 @@ def contenders(q, k, v, do, causal):
     pre = quantize_qkv(q, k, v, block=e.FP8_BLOCK, v_block=None)
     new = lambda: fp8_forward(**pre, causal=causal)  # noqa: E731
     old = lambda: before.forward(**pre, causal=causal)  # noqa: E731
-    SAME[(q.shape[-1], q.shape[2], causal)] = all(torch.equal(a, b) for a, b in zip(new(), old()))
+    key = (q.shape[-1], q.shape[2], causal)
+    SAME[key] = all(torch.equal(a, b) for a, b in zip(new(), old()))  # (O, lse) of each kernel
+    print("same bits (d, N, causal):", key, SAME[key], flush=True)  # at once: a time limit may come
     return {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0], "bf16_default": lambda: e.forward(q, k, v, causal),
             "fp8_default": new, "fp8_before": old}
 

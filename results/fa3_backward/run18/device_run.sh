@@ -16,7 +16,9 @@ mkdir -p $OUT/t1; timeout $(cap 90) python -m pytest -m gpu tests/test_kernels_g
 fp8sw() {  # $1 step name, $2 seconds, $3 package root; d = 128 only
   mkdir -p $OUT/$1; (cd $3 && timeout $(cap $2) python -c "
 import sys
+import flashlab.lab.experiments as x
 from flashlab.lab.experiments import fa3 as e
+x.COMMAND = 'python -m flashlab.lab.experiments fp8switches, SPEED_D = (128,)'
 e.SPEED_D = (128,)
 e.fp8_switches(sys.argv[1])
 " $OUT/$1) > $OUT/$1/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/$1/log.txt; pack $1; }

@@ -7,6 +7,7 @@ cd "$(dirname "$0")"; D=$PWD; cd ../../..
 pack() { (cd $OUT && tar czf $1.tgz $1 && rm -rf $1); }
 t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
 mkdir -p $OUT/s1 && cp $D/device_run_h200_bench.sh $D/device_commit.txt $OUT/s1/
+[ -f $D/device_tree.diff ] && cp $D/device_tree.diff $OUT/s1/   # meant for main as it is: the diff should be empty
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt)"; } > $OUT/s1/gpu.txt 2>&1
 pack s1
 for d in 128 64; do
