@@ -3,6 +3,7 @@
 # (conditional rescaling), in the order they matter, each step within the call's END seconds
 # (default 470): ab_pack.py (change 19 against fa3_fp8_before.py, the kernel as main has it:
 # the same bits, then the times, in one process, rotated rounds; AB_D=128 for d = 128 only);
+# Nsight Compute's stall samples per SASS instruction of both FP8 kernels (ncu_fp8.py);
 # the FP8 kernel against the float64 reference and the race check; the other FP8 GPU tests and
 # the time stamps; fp8switches at d = 128 (change 18's theta contenders); the staircase test
 # against two broken kernels. A short call: END=180 AB_D=128 bash device_run.sh
@@ -20,10 +21,14 @@ broken() {  # broken NAME SED: the staircase test against the kernel SED breaks 
   cmp -s $K /tmp/fa3_fp8.orig && echo "the edit $2 matched nothing" > $OUT/$1/log.txt
   step $1 45 env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75"
   cp /tmp/fa3_fp8.orig $K; }
-mkdir -p $OUT/s1 && cp $D/device_run.sh $D/ab_pack.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
+mkdir -p $OUT/s1 && cp $D/device_run.sh $D/ab_pack.py $D/ncu_fp8.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff"; } > $OUT/s1/gpu.txt 2>&1
 pack s1
 step ab 140 env PYTHONPATH=. python $D/ab_pack.py $OUT/ab
+step ncu 150 bash -c "cd $D && ncu --clock-control none -k regex:_fa3_fp8_kernel --launch-skip 2 -c 2 \
+  --section WarpStateStats --section SourceCounters --section SchedulerStats --section ComputeWorkloadAnalysis \
+  -o $OUT/ncu/fp8 env PYTHONPATH=$PWD python ncu_fp8.py && ncu -i $OUT/ncu/fp8.ncu-rep --page details > $OUT/ncu/details.txt \
+  && ncu -i $OUT/ncu/fp8.ncu-rep --page source --csv --print-source sass > $OUT/ncu/source_sass.csv"
 step t1 90 $GLUON -k "fp8_matches_dequantised or fp8_race_free"
 step t2 170 $GLUON -k "(fp8 or time_stamps) and not fp8_matches_dequantised and not fp8_race_free"
 step fp8sw 110 python -c "
