@@ -1,43 +1,61 @@
 #!/bin/bash
-# one device call for change 19 (P packed to e4m3 where the P V wgmma reads it) and change 18
-# (conditional rescaling), in the order they matter, each step within the call's END seconds
-# (default 470): ab_pack.py (change 19 against fa3_fp8_before.py, the kernel as main has it:
-# the same bits, then the times, in one process, rotated rounds; AB_D=128 for d = 128 only);
-# Nsight Compute's stall samples per SASS instruction of both FP8 kernels (ncu_fp8.py);
-# the FP8 kernel against the float64 reference and the race check; the other FP8 GPU tests and
-# the time stamps; fp8switches at d = 128 (change 18's theta contenders); the staircase test
-# against two broken kernels. A short call: END=180 AB_D=128 bash device_run.sh
+# run 18's device calls: STEPS names the steps a call takes, in order, each within the call's END
+# seconds (default 470), each packed into $OUT/NAME.tgz as soon as it ends (a call returns at most
+# 8 files: at most 7 steps a call). Steps:
+#   ab      change 19 against fa3_fp8_before.py (the FP8 kernel as main had it): the same bits,
+#           then the times, one process, rotated rounds (ab_pack.py; AB_D=128 for d = 128 only)
+#   t1      the FP8 kernel against the float64 reference, and its race check
+#   t256    the Gluon forward at d = 256 against the float64 reference, and its race check
+#   s256    its speed beside forward.py and SDPA (speed256.py)
+#   ncu     Nsight Compute's stall samples per SASS instruction of both FP8 kernels (ncu_fp8.py)
+#   t2      the other FP8 GPU tests and the time stamps
+#   fp8sw   fp8switches at d = 128 (change 18's theta contenders among them)
+#   broken  change 18's staircase test against two broken kernels (both should fail)
+#   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
+#   b128, b64  the kernel bench chapters 5 and 9 read, with flashlab_fa3 and the FP8 forward
+# Call 1: STEPS="ab t1 t256 s256 ncu t2 fp8sw broken" END=560; call 2: STEPS="variants ab t256 b128".
 cd "$(dirname "$0")"; D=$PWD; cd ../../..
 K=flashlab/kernels/fa3_fp8.py
 GLUON="python -m pytest -m gpu tests/test_kernels_gluon.py -q -p no:cacheprovider"
+BENCH="python -m flashlab.lab.bench --suite kernels --impls flashlab flashlab_fa3 sdpa_flash sdpa_cudnn naive flashlab_gluon_fp8"
 t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
 END=${END:-470}; cap() { local l=$(( END - $(el) )); echo $(( $1 < l ? $1 : (l > 5 ? l : 5) )); }
-pack() { (cd $OUT && tar czf $1.tgz $1 && rm -rf $1); }   # a step's files in one archive, as soon as it ends
+pack() { (cd $OUT && tar czf $1.tgz $1 && rm -rf $1); }
 step() {  # step NAME SECONDS COMMAND...: COMMAND within the call's time, its output in $OUT/NAME/log.txt
   local name=$1 secs=$2; shift 2; mkdir -p $OUT/$name
   timeout $(cap $secs) "$@" >> $OUT/$name/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/$name/log.txt; pack $name; }
-broken() {  # broken NAME SED: the staircase test against the kernel SED breaks (this copy only); it should fail
-  cp $K /tmp/fa3_fp8.orig; sed -i "$2" $K; mkdir -p $OUT/$1
-  cmp -s $K /tmp/fa3_fp8.orig && echo "the edit $2 matched nothing" > $OUT/$1/log.txt
-  step $1 45 env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75"
-  cp /tmp/fa3_fp8.orig $K; }
-mkdir -p $OUT/s1 && cp $D/device_run.sh $D/ab_pack.py $D/ncu_fp8.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff"; } > $OUT/s1/gpu.txt 2>&1
+broken() {  # broken SED...: the staircase test against the kernel each SED breaks (this copy only)
+  mkdir -p $OUT/broken; cp $K /tmp/fa3_fp8.orig
+  for edit in "$@"; do
+    sed -i "$edit" $K; cmp -s $K /tmp/fa3_fp8.orig && echo "the edit $edit matched nothing" >> $OUT/broken/log.txt
+    echo "== $edit" >> $OUT/broken/log.txt
+    timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
+      >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
+  done; pack broken; }
+mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END"; } > $OUT/s1/gpu.txt 2>&1
 pack s1
-step ab 140 env PYTHONPATH=. python $D/ab_pack.py $OUT/ab
-step ncu 150 bash -c "cd $D && ncu --clock-control none -k regex:_fa3_fp8_kernel --launch-skip 2 -c 2 \
-  --section WarpStateStats --section SourceCounters --section SchedulerStats --section ComputeWorkloadAnalysis \
-  -o $OUT/ncu/fp8 env PYTHONPATH=$PWD python ncu_fp8.py && ncu -i $OUT/ncu/fp8.ncu-rep --page details > $OUT/ncu/details.txt \
-  && ncu -i $OUT/ncu/fp8.ncu-rep --page source --csv --print-source sass > $OUT/ncu/source_sass.csv"
-step t1 90 $GLUON -k "fp8_matches_dequantised or fp8_race_free"
-step t2 170 $GLUON -k "(fp8 or time_stamps) and not fp8_matches_dequantised and not fp8_race_free"
-step fp8sw 110 python -c "
+for s in $STEPS; do case $s in
+  ab) step ab 140 env PYTHONPATH=. python $D/ab_pack.py $OUT/ab ;;
+  t1) step t1 90 $GLUON -k "fp8_matches_dequantised or fp8_race_free" ;;
+  t256) step t256 130 bash -c "$GLUON -k \"(matches_float64 or race_free) and 256 and not fp8\"; python -m pytest tests/test_kernels.py -q -p no:cacheprovider -k \"gpu_gluon or gpu_auto\"" ;;
+  s256) step s256 90 env PYTHONPATH=. python $D/speed256.py $OUT/s256 ;;
+  ncu) step ncu 150 bash -c "cd $D && ncu --clock-control none -k regex:_fa3_fp8_kernel --launch-skip 2 -c 2 \
+      --section WarpStateStats --section SourceCounters --section SchedulerStats --section ComputeWorkloadAnalysis \
+      -o $OUT/ncu/fp8 env PYTHONPATH=$PWD python ncu_fp8.py && ncu -i $OUT/ncu/fp8.ncu-rep --page details > $OUT/ncu/details.txt \
+      && ncu -i $OUT/ncu/fp8.ncu-rep --page source --csv --print-source sass > $OUT/ncu/source_sass.csv" ;;
+  t2) step t2 170 $GLUON -k "(fp8 or time_stamps) and not fp8_matches_dequantised and not fp8_race_free" ;;
+  fp8sw) step fp8sw 110 python -c "
 import sys
 import flashlab.lab.experiments as x
 from flashlab.lab.experiments import fa3 as e
 x.COMMAND = 'python -m flashlab.lab.experiments fp8switches, SPEED_D = (128,)'
 e.SPEED_D = (128,)
 e.fp8_switches(sys.argv[1])
-" $OUT/fp8sw
-broken break_gap 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/'
-broken break_branch 's/    if rescale:$/    if not rescale:/'
+" $OUT/fp8sw ;;
+  broken) broken 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' 's/    if rescale:$/    if not rescale:/' ;;
+  variants) mkdir -p variants/cur && cp -r flashlab variants/cur/
+    step variants 240 python -m flashlab.lab.experiments.fa3_backward_variants variants/cur --rounds 3 --out $OUT/variants ;;
+  b128) step b128 300 $BENCH --ds 128 --out $OUT/b128 ;;
+  b64) step b64 300 $BENCH --ds 64 --out $OUT/b64 ;;
+esac; done
