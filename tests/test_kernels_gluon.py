@@ -482,6 +482,27 @@ def _skipped_rescales(sass: str, head_d: int) -> int:
     return count
 
 
+@pytest.mark.parametrize("d, causal", FP8_COMBOS)
+def test_fp8_p_reaches_the_wgmma_without_byte_shuffles(d, causal):
+    """fp8(P) is made where the P V wgmma reads it, one 32-bit register of the A operand per four
+    keys of a row: in each consumer's key-block loop, F2FP converts two keys at a time and at
+    most one PRMT a register joins two such halves (Br Bc / (128 * 4) = 16 registers); no SHF
+    and no LOP3 but the loop's own one move P's bytes. (With p.to(fp8) before the loop's back
+    edge the d = 128 loop holds 112 PRMT, 65 LOP3 and 32 SHF.)"""
+    sass = _sass(_compiled(torch.float8_e4m3fn, d, causal, True).asm["cubin"])
+    if not sass:
+        pytest.skip("needs cuobjdump")
+    loops = key_block_loops(sass)
+    assert len(loops) == 2, f"found {len(loops)} key-block loops for two consumers"
+    registers = fa3.BLOCK_M * fa3.BLOCK_N // (128 * 4)
+    for body in loops:
+        ops = [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]
+        assert ops.count("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C") == 2 * registers, ops
+        assert ops.count("PRMT") <= registers, f"{ops.count('PRMT')} PRMT in the loop"
+        assert sum(op.startswith("LOP3") for op in ops) <= 1, "LOP3 in the loop"  # the loop's own: 0 or 1
+        assert not any(op.startswith("SHF.") for op in ops), "SHF in the loop"
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_fp8_conditional_rescaling_branches_over_the_rescale(d):
     """With rescale_threshold, each consumer has a branch that can jump over O's rescale and

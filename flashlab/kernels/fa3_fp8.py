@@ -85,6 +85,28 @@ def config(d: int) -> dict:
 
 
 @gluon.jit
+def _to_e4m3(p):
+    """fp8(P) for P (Br, Bc) fp32 in wgmma's 8-bit A-operand layout: each four consecutive keys of
+    a row a thread holds become one 32-bit register, two cvt.rn.satfinite.e4m3x2 (round to nearest
+    even, saturate at 448) and one move, the register the wgmma reads. (``p.to(fp8)`` converts with
+    the same instruction but splits each pair into bytes, which reach the wgmma of the next
+    iteration one by one and are packed again there: about twelve byte moves more per four keys.)"""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"  # key 1 to the upper byte, key 0 to the lower
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+        "mov.b32 $0, {lo, hi}; }",
+        "=r,r,r,r,r", [p], dtype=gl.int8, is_pure=True, pack=4).to(gl.float8e4nv, bitcast=True)
+
+
+@gluon.jit
+def _p_operand(p, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """fp8(P) (Br, Bc) as the A operand of O += P V: its columns in V's key order, in wgmma's
+    8-bit A layout without moving data, and rounded to e4m3 where the wgmma reads it."""
+    return _to_e4m3(gl.convert_layout(_as_operand(p, BLOCK_M, BLOCK_N), p_layout, assert_trivial=True))
+
+
+@gluon.jit
 def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """P (Br, Bc) with its columns reordered so that wgmma's 8-bit A-operand layout holds it in the
     registers where the accumulator layout left it: key c = 16 a + 8 c3 + 4 c2 + 2 c1 + c0 moves to
@@ -150,7 +172,6 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     # 8-bit A operand from registers: four consecutive k per 32-bit register
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    fp8: gl.constexpr = q_smem.dtype
     q = q_smem.index(WG)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     causal_offset = N_K - N_Q
@@ -186,8 +207,6 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, f,
                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
                                                         CAUSAL, THETA, SHIFT)
-        # fp8(P), rounded to nearest even, its columns in V's key order: A's layout without moving data
-        p = gl.convert_layout(_as_operand(p.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
 
         for j in range(1, n_blocks):
             stage = (c + j) % STAGES
@@ -202,7 +221,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             o = _rescale(o, alpha, rescale, row_o)
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
-            o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
+            o_tok = warpgroup_mma(_p_operand(p, p_layout, BLOCK_M, BLOCK_N), v_smem.index(prev).permute((1, 0)), o,
+                                  is_async=True)
             fa3._pass_turn(turn, WG, PINGPONG)
             if OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -217,14 +237,15 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             if OVERLAP:
                 o = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(prev), count=1)
-            p = gl.convert_layout(_as_operand(p_next.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+            p = p_next
         mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
 
         last = (c + n_blocks - 1) % STAGES
         o = _rescale(o, alpha, rescale, row_o)
         mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
         fa3._take_turn(turn, c + n + n_blocks, WG, PINGPONG)
-        o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)
+        o_tok = warpgroup_mma(_p_operand(p, p_layout, BLOCK_M, BLOCK_N), v_smem.index(last).permute((1, 0)), o,
+                              is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(last), count=1)

@@ -1,0 +1,418 @@
+"""FlashAttention-3's FP8 forward (Shah et al. 2024, §3.3) in Gluon, for Hopper (sm_90).
+
+The program of :mod:`.fa3` (producer warp, two consumer warpgroups, S_next issued before this
+block's softmax; ping-pong's turns a switch, off by default: :data:`SWITCHES`), with e4m3
+operands in both GEMMs:
+
+    S_ij = (Q8_i K8_j^T) * r_i * dk_j        fp8 x fp8 wgmma, fp32 accumulator; r_i = scale log2(e) dq_i
+    P_ij = 2^8 exp2(S_ij - m_new)            in (0, 256]: e4m3's normal range starts at 2^-6
+    O_i  = alpha O_i + fp8(P_ij) V8_j        P from registers (the A operand), V8_j from shared memory
+    O_i  = O_i * dv / l_i,  lse_i = m_i + log2(l_i) - 8      the 2^8 cancels in O / l
+
+With ``rescale_threshold`` theta (FlashAttention-4's conditional rescaling, off by default:
+:data:`RESCALE_THRESHOLD`), m_i moves, and O_i is rescaled, only when some row of the warpgroup
+rose above it by more than theta; P then carries 2^(8 - theta) instead of 2^8.
+
+Descales (float32, positive, as :func:`flashlab.kernels.fp8.quantize_fp8` makes them): Q per
+block of ``q_block`` rows (a multiple of Br = 64: one scalar per warpgroup) or per head, K per
+block of ``k_block`` rows (a multiple of Bc = 128: one scalar per key block, read beside each
+S GEMM) or per head, V per head (one scalar, applied once in the epilogue).
+
+V is laid out K-major. An FP8 wgmma reads its B operand from shared memory only with the
+reduction dimension contiguous, and O = P V reduces over keys, so V must arrive as V^T, (d, N_k)
+per head with keys contiguous. :func:`wgmma_v` writes it so, in one pass over V (N_k d bytes
+read and written per head; 0.09 ms at B N = 16k tokens, H = 16, d = 128 on an H200, some 5 % of
+the forward at N = 8k, counted in the forward's time; FlashAttention-3 instead
+transposes V inside the kernel, in shared memory, in the producer warpgroup). The producer loads
+V^T_j, (d, Bc), and the consumer hands its transpose view, (Bc, d) keys-contiguous, to wgmma.
+
+P goes from registers into the second GEMM. The fp32 accumulator of S holds, in each thread, two
+adjacent keys of every 8; wgmma's 8-bit A operand (a DotOperandLayout with k_width = 4) wants four
+adjacent keys in each 32-bit register. Converting one layout into the other moves bytes between
+the threads of a quad (byte permutes and warp shuffles, about 280 instructions per thread per key
+block at Bc = 128). FlashAttention-3 avoids the move, and so does this kernel: P's registers are
+used as they are, which amounts to reading P's columns in another order, k = pi(c) within every
+16 keys (:func:`_as_operand`; ``assert_trivial`` makes the compiler check that no data moves),
+and :func:`wgmma_v` stores V's keys in the same order, so that sum_c P[:, c] V[c] is unchanged.
+
+Glossary: e4m3 = 4 exponent bits, 3 mantissa bits, largest 448; descale = the factor an fp8
+number is multiplied by to give the value it stands for; Br, Bc, m, l, lse as in :mod:`.fa3`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from . import fa3
+from ._common import LN2, LOG2E, check_rescale_threshold, check_scale
+
+__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "OUT_DTYPES", "RESCALE_THRESHOLD", "SWITCHES", "compile_sm90", "config",
+           "fa3_fp8_forward", "forward", "key_order", "wgmma_v"]
+
+GLUON_FP8_IMPL = "gluon"  # the name flash_attention_fp8(impl=...) can give this kernel
+HEAD_DIMS = (64, 128)
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+_GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+FP8_DTYPE = torch.float8_e4m3fn
+P_SHIFT = 8.0  # P = 2^8 exp2(S - m): FA3's Max_offset, as in flashlab.kernels.fp8
+# (ping-pong, intra-warpgroup overlap) each head dimension runs by default, as fa3.SWITCHES is for
+# bf16. FP8 halves the GEMMs' time and not the softmax's, and its softmax does more (descales,
+# P's 2^8, the cast to e4m3): the exp side is the longer, so ping-pong's turns only add waits,
+# and the overlap hides part of the softmax behind P V. Ping-pong off, overlap on was the
+# fastest setting (results/fa3_backward/run15: +5-6 % at d = 128 without the mask, within the
+# spread with it; up to +4 % at d = 64).
+SWITCHES = {64: (False, True), 128: (False, True)}
+# Conditional rescaling (FlashAttention-4; chapter 7), ``rescale_threshold`` theta: a warpgroup
+# keeps its rows' reference maximum m while no row's rowmax(S) has passed it by more than theta
+# (log2 units), and then skips O's rescale. Exact for any m (O / l and lse carry the same m); P =
+# 2^(8 - theta) exp2(S - m) <= 2^8 stays in e4m3's range, its smallest values losing theta bits,
+# as in flashlab.lab.variants.fp8_schedules. The rule of
+# flashlab.reference.rescale.conditional_attention with row_group = Br. None (the default):
+# rescale at every block.
+RESCALE_THRESHOLD = None
+
+
+def config(d: int) -> dict:
+    """Tiles and ring depth: Br = 64 rows per consumer, Bc = 128 keys, 3 stages. Shared memory
+    per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, and O 2 * 64 * d two
+    bytes an element, 144 KB at d = 128."""
+    return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3}
+
+
+@gluon.jit
+def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """P (Br, Bc) with its columns reordered so that wgmma's 8-bit A-operand layout holds it in the
+    registers where the accumulator layout left it: key c = 16 a + 8 c3 + 4 c2 + 2 c1 + c0 moves to
+    column k = 16 a + 8 c2 + 4 c1 + 2 c3 + c0 (:func:`key_order` gives the same permutation)."""
+    p = gl.reshape(p, [BLOCK_M, BLOCK_N // 16, 2, 2, 2, 2])  # (row, a, c3, c2, c1, c0)
+    p = gl.permute(p, [0, 1, 3, 4, 2, 5])  # (row, a, c2, c1, c3, c0)
+    return gl.reshape(p, [BLOCK_M, BLOCK_N])
+
+
+@gluon.jit
+def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
+                      THETA: gl.constexpr, SHIFT: gl.constexpr):
+    """:func:`.fa3._softmax_step` for the FP8 kernel: S (Br, Bc), m, l (Br,) in log2 units.
+    Returns P = 2^SHIFT exp2(S * scale - m_new) (Br, Bc), m_new, l_new, alpha = exp2(m - m_new)
+    (Br,) and whether O must be rescaled (a scalar; True when THETA < 0). THETA >= 0: conditional
+    rescaling, m_new = m unless some row of the warpgroup rose above its m by more than THETA."""
+    s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
+    m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
+    rescale = True
+    if THETA >= 0:  # rise: how far the warpgroup's maxima passed m (a row's first key: +inf)
+        rise = gl.reduce(gl.where(m_new > m_i, m_new - m_i, 0.0), 0, fa3._maximum)  # over the Br rows
+        rescale = rise > THETA
+        m_new = gl.where(rescale, m_new, m_i)  # every row keeps its m, or every row moves
+    p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT)
+    return p, m_new, l_i, alpha, rescale
+
+
+@gluon.jit
+def _rescale(o, alpha, rescale, row_o: gl.constexpr):
+    """O = alpha O (Algorithm 1, line 10) for O (Br, d), alpha (Br,), unless ``rescale`` (from
+    :func:`_fp8_softmax_step`: the constant True without conditional rescaling) is false."""
+    if rescale:
+        o = o * gl.convert_layout(alpha, row_o)[:, None]
+    return o
+
+
+@gluon.jit
+def _descale_at(D, bh, n_blocks_per_head, row, BLOCK: gl.constexpr):
+    """The descale of ``row`` in head ``bh`` of a (B, H, nb) descale tensor: one per BLOCK rows
+    (BLOCK = 0: one per head). Rows past the last block (a ragged tail) take the last block's."""
+    if BLOCK == 0:
+        idx = bh
+    else:
+        idx = bh * n_blocks_per_head + gl.minimum(row // BLOCK, n_blocks_per_head - 1)
+    return gl.load(D + idx)
+
+
+@gluon.jit
+def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                  N_Q, N_K, BH, DEAL, qk_scale,
+                  CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
+                  PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
+                  SHIFT: gl.constexpr = P_SHIFT):
+    """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
+    program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
+    (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax)."""
+    q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 32])
+    # 8-bit A operand from registers: four consecutive k per 32-bit register
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    fp8: gl.constexpr = q_smem.dtype
+    q = q_smem.index(WG)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    causal_offset = N_K - N_Q
+    c = 0  # ring position (key blocks consumed over all tiles)
+    n = 0  # tiles done
+    if PINGPONG:
+        if WG == 1:  # consumer 0 goes first
+            mbarrier.arrive(turn.index(0), count=1)
+
+    for tj in range(fa3._tile_count(N_Q, BH, DEAL, BLOCK_M)):
+        bh, m0, n_blocks, _ = fa3._tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
+        row0 = m0 + WG * BLOCK_M
+        first_row_keys = row0 + causal_offset + 1
+        # r = scale log2(e) dq: one scalar for the warpgroup's Br rows (Q_SB a multiple of Br)
+        r = qk_scale * _descale_at(QD, bh, NQB, row0, Q_SB)
+        if K_SB == 0:
+            r = r * _descale_at(KD, bh, NKB, 0, 0)  # one dk for the head: folded in once
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+
+        first = c % STAGES  # block 0's slot
+        mbarrier.wait(q_full.index(WG), n & 1)
+        mbarrier.wait(k_full.index(first), (c // STAGES) & 1)
+        fa3._take_turn(turn, c + n, WG, PINGPONG)
+        s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        fa3._pass_turn(turn, WG, PINGPONG)
+        f = r
+        if K_SB != 0:
+            f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(first), count=1)
+        p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, f,
+                                                        fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
+                                                        CAUSAL, THETA, SHIFT)
+        # fp8(P), rounded to nearest even, its columns in V's key order: A's layout without moving data
+        p = gl.convert_layout(_as_operand(p.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+
+        for j in range(1, n_blocks):
+            stage = (c + j) % STAGES
+            prev = (c + j - 1) % STAGES
+            mbarrier.wait(k_full.index(stage), ((c + j) // STAGES) & 1)
+            fa3._take_turn(turn, c + n + j, WG, PINGPONG)
+            s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            start_n = j * BLOCK_N
+            f = r
+            if K_SB != 0:
+                f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
+            o = _rescale(o, alpha, rescale, row_o)
+            mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
+            # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
+            o_tok = warpgroup_mma(p, v_smem.index(prev).permute((1, 0)), o, is_async=True)
+            fa3._pass_turn(turn, WG, PINGPONG)
+            if OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+            else:  # both GEMMs done before the softmax
+                o, s = warpgroup_mma_wait(0, deps=(o_tok, s_tok))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            p_next, m_i, l_i, alpha, rescale = _fp8_softmax_step(
+                s, m_i, l_i, row0, start_n, N_K, causal_offset, f,
+                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT)
+            # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
+            # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
+            if OVERLAP:
+                o = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            p = gl.convert_layout(_as_operand(p_next.to(fp8), BLOCK_M, BLOCK_N), p_layout, assert_trivial=True)
+        mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
+
+        last = (c + n_blocks - 1) % STAGES
+        o = _rescale(o, alpha, rescale, row_o)
+        mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
+        fa3._take_turn(turn, c + n + n_blocks, WG, PINGPONG)
+        o_tok = warpgroup_mma(p, v_smem.index(last).permute((1, 0)), o, is_async=True)
+        fa3._pass_turn(turn, WG, PINGPONG)
+        o = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(last), count=1)
+        # O = O dv / l and lse = m + log2(l) - SHIFT: l summed the 2^SHIFT-scaled P, as O did
+        dv = _descale_at(VD, bh, 1, 0, 0)
+        fa3._store_tile(desc_o, O, LSE, o_smem.index(WG), o * dv, m_i - SHIFT, l_i, row0, bh * N_Q, N_Q,
+                        o_layout, BLOCK_M, HEAD_D)
+        c += n_blocks
+        n += 1
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["N_Q", "DEAL"])  # as fa3._fa3_kernel
+def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NKB, N_Q, N_K, BH, DEAL, qk_scale,
+                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                    STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
+                    PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
+                    SHIFT: gl.constexpr = P_SHIFT):
+    """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
+    (B * H * d, N_k), O as (B * H * N_q, d)."""
+    q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
+    gl.warp_specialize([
+        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
+                         PINGPONG, OVERLAP, THETA, SHIFT)),
+        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
+                         PINGPONG, OVERLAP, THETA, SHIFT)),
+        (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True)),
+    ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
+
+
+def _rescaling(rescale_threshold: object) -> dict[str, float]:
+    """The kernel's THETA (-1: rescale at every block) and SHIFT (P = 2^SHIFT exp2(S - m)) for
+    ``rescale_threshold`` (checked: None or a number in [0, 8])."""
+    theta = check_rescale_threshold(rescale_threshold, P_SHIFT, f"P <= 2^{P_SHIFT:g} must stay in e4m3's range")
+    return {"THETA": -1.0, "SHIFT": P_SHIFT} if theta is None else {"THETA": theta, "SHIFT": P_SHIFT - theta}
+
+
+def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got {got}")
+        if t.dtype != FP8_DTYPE:
+            raise TypeError(f"{name} must be float8_e4m3fn (see flashlab.kernels.fp8.quantize_qkv); got {t.dtype}")
+    fa3.check_shapes(q, k, v)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16; got {out_dtype}")
+    for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, fa3.BLOCK_N)):
+        if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1
+                                  or block % multiple):
+            raise ValueError(f"{name} must be None or a positive multiple of {multiple} (one descale per "
+                             f"{'warpgroup' if name == 'q_block' else 'key block'}); got {block!r}")
+    if v_block is not None:
+        raise ValueError(f"v_block must be None: the Gluon FP8 kernel takes one V descale per head; got {v_block}")
+    if not (k.device == q.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:  # last: the arguments first
+        raise ValueError(f"the Gluon FP8 kernel needs a Hopper GPU (sm_90: H100, H200); got {q.device}")
+
+
+def _descale(name: str, x: torch.Tensor | None, block: int | None, B: int, H: int, N: int,
+             device: torch.device) -> torch.Tensor:
+    """A descale argument as the kernel reads it: float32 (B, H, ceil(N / block)) contiguous, or
+    (B, H, 1) of ones for None (one per head, the fp8 values being the true values)."""
+    nb = 1 if block is None else -(-N // block)
+    if x is None:
+        if block is not None:
+            raise ValueError(f"{name} must be given when its block is set; got None with block {block}")
+        return torch.ones(B, H, 1, device=device, dtype=torch.float32)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.device != device or tuple(x.shape) != (B, H, nb):
+        got = f"{x.dtype} {tuple(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a float32 tensor of shape {(B, H, nb)} on {device}; got {got}")
+    return x.contiguous()
+
+
+def key_order(n: int, device=None) -> torch.Tensor:
+    """The permutation of :func:`_as_operand` on n keys (n a multiple of 16): column k of the
+    reordered P holds key key_order(n)[k]."""
+    idx = torch.arange(n, device=device).view(n // 16, 2, 2, 2, 2)  # (a, c3, c2, c1, c0)
+    return idx.permute(0, 2, 3, 1, 4).reshape(n)  # (a, c2, c1, c3, c0)
+
+
+def wgmma_v(v: torch.Tensor) -> torch.Tensor:
+    """V as the kernel reads it: V^T (B, H, d, N_k'), contiguous, N_k' = N_k rounded up to a
+    multiple of 16 (zero keys), its keys in :func:`key_order` within every 16. One copy of V
+    (a second, for the padding, when N_k is not a multiple of 16)."""
+    B, H, n, d = v.shape
+    padded = -(-n // 16) * 16
+    x = v.view(torch.uint8)  # the bytes: pad and permute need no fp8 arithmetic
+    if padded != n:
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded - n))
+    x = x.reshape(B, H, padded // 16, 2, 2, 2, 2, d)  # keys as (a, c3, c2, c1, c0)
+    x = x.permute(0, 1, 7, 2, 4, 5, 3, 6)  # (d, a, c2, c1, c3, c0): V^T in key_order
+    return x.reshape(B, H, d, padded).view(v.dtype)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None,
+            q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+            v_descale: torch.Tensor | None = None, *, q_block: int | None = None, k_block: int | None = None,
+            v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16,
+            out: torch.Tensor | None = None, pingpong: bool | None = None,
+            overlap: bool | None = None,
+            rescale_threshold: float | None = RESCALE_THRESHOLD) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
+    :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d);
+    ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8].
+    Returns o and lse2 (log2 units)."""
+    rescaling = _rescaling(rescale_threshold)
+    _check(q, k, v, q_block, k_block, v_block, out_dtype)
+    B, H, N_Q, D = q.shape
+    N_K = k.shape[2]
+    scale = check_scale(scale, D)
+    pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
+    qd = _descale("q_descale", q_descale, q_block, B, H, N_Q, q.device)
+    kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
+    vd = _descale("v_descale", v_descale, None, B, H, N_K, q.device)
+    q, k = q.contiguous(), k.contiguous()
+    vt = wgmma_v(v)
+    o = torch.empty((B, H, N_Q, D), device=q.device, dtype=out_dtype) if out is None else out
+    if o.shape != q.shape or o.dtype != out_dtype or not o.is_contiguous():
+        raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape {tuple(q.shape)}; "
+                         f"got {o.dtype} {tuple(o.shape)}")
+    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    c = config(D)
+    f8 = gl.float8e4nv
+    q_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_M"], D], f8)
+    k_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_N"], D], f8)
+    vt_layout = gl.NVMMASharedLayout.get_default_for([D, c["BLOCK_N"]], f8)
+    descs = (TensorDescriptor.from_tensor(q.view(-1, D), [c["BLOCK_M"], D], q_layout),
+             TensorDescriptor.from_tensor(k.view(-1, D), [c["BLOCK_N"], D], k_layout),
+             TensorDescriptor.from_tensor(vt.reshape(-1, vt.shape[-1]), [D, c["BLOCK_N"]], vt_layout),
+             fa3.o_descriptor(o))
+    n_programs, deal = fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
+    _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
+                                   scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
+                                   PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+    return o, lse2
+
+
+def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, q_descale: torch.Tensor | None = None,
+                    k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None, *,
+                    q_block: int | None = None, k_block: int | None = None, v_block: int | None = None,
+                    out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scale * Q K^T (+ causal mask)) V from e4m3 inputs by FlashAttention-3's FP8 forward.
+
+    Parameters
+    ----------
+    q : float8_e4m3fn (B, H, N_q, d); k, v : (B, H, N_k, d); d = 64 or 128; on a Hopper GPU.
+        Any strides: V is copied into the layout the kernel reads (:func:`wgmma_v`).
+    causal : mask keys after the query, aligned bottom-right when N_q != N_k.
+    scale : softmax scale, default 1/sqrt(d).
+    q_descale, k_descale : float32 (B, H, ceil(N / block)), or (B, H, 1) when the block is None;
+        None means 1. q_block a multiple of 64, k_block a multiple of 128, or None.
+    v_descale : float32 (B, H, 1), one per head (v_block must be None).
+    out_dtype : bfloat16 (default) or float16.
+
+    Returns
+    -------
+    o : (B, H, N_q, d) in ``out_dtype``; lse : (B, H, N_q) float32, natural log.
+    """
+    o, lse2 = forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, q_block=q_block, k_block=k_block,
+                      v_block=v_block, out_dtype=out_dtype)
+    return o, lse2 * LN2
+
+
+def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
+                 out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None,
+                 rescale_threshold: float | None = RESCALE_THRESHOLD):
+    """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
+    ``pingpong``, ``overlap``, ``rescale_threshold`` as :func:`forward` takes them."""
+    if d not in HEAD_DIMS:
+        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+    c = config(d)
+    f8 = gl.float8e4nv
+    pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
+    constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
+                      OVERLAP=overlap, **_rescaling(rescale_threshold), **c)
+    signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
+                 "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),
+                 "desc_vt": fa3.tensor_descriptor_type(f8, [d, c["BLOCK_N"]]),
+                 "desc_o": fa3.tensor_descriptor_type(_GL_OUT[out_dtype], [c["BLOCK_M"], d]),
+                 "O": f"*{_GL_OUT[out_dtype]}", "LSE": "*fp32", "QD": "*fp32", "KD": "*fp32", "VD": "*fp32",
+                 "NQB": "i32", "NKB": "i32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "DEAL": "i32",
+                 "qk_scale": "fp32",
+                 **{k: "constexpr" for k in constexprs}}
+    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, (4, 5, 6, 7, 8), fa3.NUM_WARPS, fa3.MAXNREG)
