@@ -486,8 +486,8 @@ def _skipped_rescales(sass: str, head_d: int) -> int:
 def test_fp8_p_reaches_the_wgmma_without_byte_shuffles(d, causal):
     """fp8(P) is made where the P V wgmma reads it, one 32-bit register of the A operand per four
     keys of a row: in each consumer's key-block loop, F2FP converts two keys at a time and at
-    most one PRMT a register joins two such halves (Br Bc / (128 * 4) = 16 registers); no SHF
-    and no LOP3 but the loop's own one move P's bytes. (With p.to(fp8) before the loop's back
+    most one PRMT a register joins two such halves (Br Bc / (128 * 4) = 16 registers); no SHF in
+    the loop, and no LOP3 but the loop's own one. (With p.to(fp8) before the loop's back
     edge the d = 128 loop holds 112 PRMT, 65 LOP3 and 32 SHF.)"""
     sass = _sass(_compiled(torch.float8_e4m3fn, d, causal, True).asm["cubin"])
     if not sass:

@@ -13,9 +13,8 @@
 #   broken  change 18's staircase test against two broken kernels (both should fail)
 #   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
 #   b128, b64  the kernel bench chapters 5 and 9 read, with flashlab_fa3 and the FP8 forward
-# Before a call: git rev-parse HEAD > device_commit.txt; git diff > device_tree.diff (in this folder).
-# Call 1 (2026-12-07) ran STEPS="ab t1 t256 s256 ncu t2 fp8sw broken" END=560. Still to run:
-# STEPS="ab ncu t2 variants" on main; "t256" with d256.patch applied; "b128", "b64" on an H200.
+# Before a call: git rev-parse HEAD > device_commit.txt; git diff > device_tree.diff (in this
+# folder). An unknown step name stops the call before anything runs.
 cd "$(dirname "$0")"; D=$PWD; cd ../../..
 K=flashlab/kernels/fa3_fp8.py
 GLUON="python -m pytest -m gpu tests/test_kernels_gluon.py -q -p no:cacheprovider"
@@ -34,13 +33,17 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
+KNOWN="ab t1 t256 s256 ncu t2 fp8sw broken variants b128 b64"
+for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D"; } > $OUT/s1/gpu.txt 2>&1
 pack s1
 for s in $STEPS; do case $s in
   ab) step ab 140 env PYTHONPATH=. python $D/ab_pack.py $OUT/ab ;;
   t1) step t1 90 $GLUON -k "fp8_matches_dequantised or fp8_race_free" ;;
-  t256) step t256 130 bash -c "$GLUON -k \"(matches_float64 or race_free) and 256 and not fp8\"; python -m pytest tests/test_kernels.py -q -p no:cacheprovider -k \"(gpu_gluon_forward and 256) or gpu_auto or gpu_gluon_refuses\"" ;;
+  t256) step t256 130 bash -c "$GLUON -k \"(matches_float64 or race_free) and 256 and not fp8\"; a=\$?
+      python -m pytest tests/test_kernels.py -q -p no:cacheprovider \
+        -k \"(gpu_gluon_forward and 256) or gpu_auto or gpu_gluon_refuses\"; exit \$(( a | \$? ))" ;;
   s256) step s256 90 env PYTHONPATH=. python $D/speed256.py $OUT/s256 ;;
   ncu) step ncu 150 bash -c "cd $D && ncu --clock-control none -k regex:_fa3_fp8_kernel --launch-skip 2 -c 2 \
       --section WarpStateStats --section SourceCounters --section SchedulerStats --section ComputeWorkloadAnalysis \
