@@ -4,13 +4,16 @@
 
 Contenders, timed in fa3._time_switches' rotated rounds at d = 128 and 64 (AB_D: which),
 N = 16k and 4k (AB_N: which), causal and not: cuDNN and the bf16 Gluon forward (anchors), the
-FP8 kernel with change 19 (fp8_default) and without it (fp8_before: fa3_fp8_before.py beside
-this file), both with their default switches, on the same quantised inputs. Before the rounds, each shape checks that the
-two FP8 kernels give the same bits (``fa3_fp8_pack_same_bits.json``): change 19 moves where P
+FP8 kernel with change 19 (fp8_default) and without it (fp8_before: main's kernel with
+change19.patch, beside this file, taken back), both with their default switches, on the same
+quantised inputs. Before the rounds, each shape checks that the two FP8 kernels give the same bits (``fa3_fp8_pack_same_bits.json``): change 19 moves where P
 is converted, not how. Writes fa3_fp8_pack_n<N>_<gpu>.csv/.json for each N (provenance as the
 experiments record it) under OUT."""
 import importlib.util
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -20,9 +23,21 @@ from flashlab.lab.experiments import fa3 as e
 
 experiments.COMMAND = "PYTHONPATH=. python results/fa3_backward/run18/ab_pack.py"  # the records' command
 
+
+def _kernel_before_change19() -> Path:
+    """fa3_fp8.py as it was before change 19: main's kernel with change19.patch taken back
+    (git apply -R on a copy in a temporary folder; main is not touched)."""
+    kernel = Path(experiments.__file__).parents[2] / "kernels" / "fa3_fp8.py"
+    root = Path(tempfile.mkdtemp())
+    (root / "flashlab" / "kernels").mkdir(parents=True)
+    shutil.copy(kernel, root / "flashlab" / "kernels" / "fa3_fp8.py")
+    subprocess.run(["git", "apply", "-R", "--include=flashlab/kernels/fa3_fp8.py",
+                    str(Path(__file__).with_name("change19.patch"))], cwd=root, check=True)
+    return root / "flashlab" / "kernels" / "fa3_fp8.py"
+
+
 # inside the package, so that its relative imports (from . import fa3) resolve
-spec = importlib.util.spec_from_file_location("flashlab.kernels.fa3_fp8_before",
-                                              Path(__file__).with_name("fa3_fp8_before.py"))
+spec = importlib.util.spec_from_file_location("flashlab.kernels.fa3_fp8_before", _kernel_before_change19())
 before = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = before  # gluon.jit looks its functions' module up by name
 spec.loader.exec_module(before)

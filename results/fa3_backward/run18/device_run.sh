@@ -2,7 +2,7 @@
 # run 18's device calls: STEPS names the steps a call takes, in order, each within the call's END
 # seconds (default 470), each packed into $OUT/NAME.tgz as soon as it ends (a call returns at most
 # 8 files: at most 7 steps a call). Steps:
-#   ab      change 19 against fa3_fp8_before.py (the FP8 kernel as main had it): the same bits,
+#   ab      change 19 against main's FP8 kernel with change19.patch taken back: the same bits,
 #           then the times, one process, rotated rounds (ab_pack.py; AB_D=128 for d = 128 only)
 #   t1      the FP8 kernel against the float64 reference, and its race check
 #   t256    the Gluon forward at d = 256 against the float64 reference, and its race check

@@ -4,8 +4,8 @@
         --section WarpStateStats --section SourceCounters --section SchedulerStats \
         --section ComputeWorkloadAnalysis -o OUT/fp8 python results/fa3_backward/run18/ncu_fp8.py
 
-Runs the FP8 kernel with change 19 (fa3_fp8) and without it (fa3_fp8_before.py beside this
-file, loaded as ab_pack.py loads it) at d = 128, N = 8192, B = 2, H = 16, non-causal: each once
+Runs the FP8 kernel with change 19 (fa3_fp8) and without it (change19.patch taken back, as
+ab_pack.py loads it) at d = 128, N = 8192, B = 2, H = 16, non-causal: each once
 to compile, then each once more, the two launches ncu profiles (change 19 first)."""
 import torch
 
