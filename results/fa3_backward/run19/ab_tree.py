@@ -2,6 +2,9 @@
 
     PYTHONPATH=. python results/fa3_backward/run19/ab_tree.py OUT
 
+It ran on a tree with changes 20 and 21 applied to the kernels (``device_tree_call1.diff``).
+Neither landed, so on main apply both first: ``git apply results/fa3_backward/run19/change2[01].patch``.
+
 Change 20 (``change20.patch``, beside this file) makes the Gluon forward's row max and row sum
 trees inside each thread; change 21 (``change21.patch``) keeps the FP8 kernel's wait for P V
 after the softmax's exponentials; change 19 (``../run18/change19.patch``) converts the FP8
