@@ -162,11 +162,12 @@ def test_forward_switches_default_per_head_dimension():
     from flashlab.kernels import fa3
     from flashlab.lab.experiments.fa3 import switch_name
 
-    assert fa3.SWITCHES == {64: (False, False), 128: (True, True)} and fa3.switches(128) == (True, True)
+    assert fa3.SWITCHES == {64: (False, False), 128: (True, True), 256: (True, True)}
+    assert fa3.switches(128) == (True, True)
     assert fa3.switches(64, pingpong=False) == (False, fa3.SWITCHES[64][1])
     assert fa3.switches(128, overlap=False) == (True, False) and fa3.switches(64, False, False) == (False, False)
     assert switch_name(False, False, 3) == "no_pingpong_no_overlap_3wg" and switch_name(True, False) == "pingpong_no_overlap"
-    with pytest.raises(ValueError, match=r"d must be one of \(64, 128\); got 96"):
+    with pytest.raises(ValueError, match=r"d must be one of \(64, 128, 256\); got 96"):
         fa3.switches(96)
 
 

@@ -261,7 +261,7 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (sm_
 @pytest.mark.parametrize("B, H, N_Q, N_K, D, causal, dtype", [
     (2, 4, 1000, 1000, 128, False, torch.bfloat16), (2, 4, 1000, 1000, 128, True, torch.float16),
     (1, 2, 777, 1531, 64, True, torch.bfloat16), (1, 2, 1531, 777, 128, True, torch.float16),
-    (1, 3, 2048, 2048, 64, False, torch.float16)])
+    (1, 3, 2048, 2048, 64, False, torch.float16), (1, 2, 1000, 777, 256, True, torch.bfloat16)])
 def test_gpu_gluon_forward_with_triton_backward(B, H, N_Q, N_K, D, causal, dtype):
     """impl="gluon": the FA3 forward, then the Triton backward on its lse, against float64 under
     the flash-attn rule (output and each gradient)."""
@@ -272,7 +272,7 @@ def test_gpu_gluon_forward_with_triton_backward(B, H, N_Q, N_K, D, causal, dtype
 @needs_hopper
 @pytest.mark.parametrize("dtype, d, h_kv, window, words", [
     (torch.float32, 64, 2, None, ["bfloat16 or float16", "torch.float32"]),
-    (torch.bfloat16, 96, 2, None, ["(64, 128)", "d = 96"]),
+    (torch.bfloat16, 96, 2, None, ["(64, 128, 256)", "d = 96"]),
     (torch.bfloat16, 64, 2, (16, 0), ["no sliding window", "(16, 0)"]),
     (torch.bfloat16, 64, 1, None, ["no GQA/MQA", "2 query heads and 1 K/V heads"])])
 def test_gpu_gluon_refuses_what_it_cannot_run_and_auto_falls_back(dtype, d, h_kv, window, words):
@@ -288,8 +288,12 @@ def test_gpu_gluon_refuses_what_it_cannot_run_and_auto_falls_back(dtype, d, h_kv
 @needs_gpu
 @needs_hopper
 def test_gpu_auto_takes_gluon_where_it_runs():
+    """At d = 128 "auto" is the Gluon forward; at d = 256, which the Gluon forward runs only when
+    asked (fa3.AUTO_HEAD_DIMS), it is the Triton one."""
     q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     assert torch.equal(flash_attention(q, k, v, causal=True, impl="auto"), flash_attention(q, k, v, causal=True, impl="gluon"))
+    q, k, v = (torch.randn(1, 2, 500, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    assert torch.equal(flash_attention(q, k, v, impl="auto"), flash_attention(q, k, v, impl="triton"))
 
 
 def _extra_memory(N: int, D: int = 128) -> int:

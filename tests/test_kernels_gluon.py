@@ -45,7 +45,9 @@ from flashlab.lab.experiments import fa3 as experiment
 
 # Triton versions the kernel was compiled with; on others a compile error skips (Gluon's API moves).
 VERIFIED_TRITON = ("3.6.", "3.9.")
-COMBOS = [(dtype, d, causal) for dtype in fa3.DTYPES for d in fa3.HEAD_DIMS for causal in (False, True)]
+# d = 256 in bf16 only: its builds are the slowest to compile, and fp16 adds nothing d = 64 and 128 do not check
+COMBOS = ([(dtype, d, causal) for dtype in fa3.DTYPES for d in (64, 128) for causal in (False, True)]
+          + [(torch.bfloat16, 256, causal) for causal in (False, True)])
 
 
 # The sm_90 builds, compiled in a fresh process: kernels run under TRITON_INTERPRET patch
@@ -89,7 +91,8 @@ SCHEDULE_BUILDS = [("no_overlap", 128, False), ("no_warp_specialization", 128, F
                    ("no_warp_specialization", 64, True)]
 # (d, causal, consumers) of test_default_build_follows_the_switches: each default build (None),
 # and at d = 64 the other number of consumer warpgroups (5 - 2 = 3, 5 - 3 = 2)
-SWITCH_BUILDS = ([(d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
+# (d = 256 runs d = 128's switches: its default builds are test_compiled_code_has_fa3_structure's)
+SWITCH_BUILDS = ([(d, c, None) for d in (64, 128) for c in (False, True)]
                  + [(64, c, 5 - fa3.CONSUMERS[(64, c)]) for c in (False, True)])
 
 
@@ -104,7 +107,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
-    wanted += [("bfloat16", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
+    wanted += [("bfloat16", d, c, None) for d in (64, 128) for c in (False, True)]
     # what test_default_build_follows_the_switches reads: d = 64 with the other number of consumers,
     # and each two-consumer build with ping-pong flipped
     for d, c, w in SWITCH_BUILDS:
@@ -308,8 +311,10 @@ def test_compiled_code_has_fa3_structure(combo):
     assert re.search(gemm + r"\.\w+ \{[^}]*\}, %rd", ptx), "S = Q K^T from shared memory"
     assert re.search(gemm + r"\.\w+ \{[^}]*\}, \{", ptx), "O += P V with P from registers"
     assert "wgmma.wait_group.sync.aligned 1;" in ptx, "intra-warpgroup overlap: wait for S while P V runs"
-    # the epilogue: O leaves through shared memory and a TMA store
-    assert "cp.async.bulk.tensor.2d.global.shared" in ptx and "cp.async.bulk.wait_group" in ptx
+    # the epilogue: O leaves through shared memory and a TMA store; at d = 256, whose K and V
+    # blocks leave no room for two O tiles, from registers by plain stores
+    tma_store = "cp.async.bulk.tensor.2d.global.shared" in ptx and "cp.async.bulk.wait_group" in ptx
+    assert tma_store == (d <= 128) and "st.global" in ptx
     # persistent: each program loops over tiles, striding by the grid size
     assert "%nctaid.x" in ptx
     # no spills in the key-block loop; shared memory within one CTA's 227 KB
@@ -341,7 +346,8 @@ def test_time_stamps_are_compiled_only_when_asked():
 def test_config_fits_shared_memory():
     for d in fa3.HEAD_DIMS:
         c = fa3.config(d)
-        elements = 2 * 2 * c["BLOCK_M"] * d + c["STAGES"] * 2 * c["BLOCK_N"] * d  # Q and O, then K and V per stage
+        q_and_o = 2 * (2 if d <= 128 else 1) * c["BLOCK_M"] * d  # two consumers' Q, and O's tiles up to d = 128
+        elements = q_and_o + c["STAGES"] * 2 * c["BLOCK_N"] * d  # then K and V per stage
         assert 2 * elements <= 227 * 1024 - 1024
         assert c["BLOCK_M"] == 64, "wgmma's M is 64 per warpgroup"
 
@@ -573,7 +579,7 @@ def test_fp8_bad_blocks_name_the_argument(kwargs, words):
     [
         (lambda: (torch.zeros(2, 4, 64, dtype=torch.bfloat16),) * 3, ["4-D", "(2, 4, 64)"]),
         (lambda: (torch.zeros(1, 2, 4, 64),) * 3, ["bfloat16 or float16", "torch.float32"]),
-        (lambda: (torch.zeros(1, 2, 4, 96, dtype=torch.float16),) * 3, ["head dimension", "(64, 128)", "96"]),
+        (lambda: (torch.zeros(1, 2, 4, 96, dtype=torch.float16),) * 3, ["head dimension", "(64, 128, 256)", "96"]),
         (lambda: (torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16).transpose(1, 2),) * 3, ["contiguous"]),
         (lambda: (torch.zeros(1, 2, 4, 64, dtype=torch.bfloat16), torch.zeros(1, 2, 4, 64, dtype=torch.float16),
                   torch.zeros(1, 2, 4, 64, dtype=torch.bfloat16)), ["one dtype"]),
@@ -770,7 +776,7 @@ def test_fp8_conditional_rescaling_matches(case, staircase):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("d", fa3.HEAD_DIMS)
+@pytest.mark.parametrize("d", fa3_fp8.HEAD_DIMS)
 def test_fp8_race_free(d):
     row = experiment.fp8_race_check(d=d)
     assert row["identical"], "the same inputs gave different bits"

@@ -220,6 +220,17 @@ def test_impl_resolution_is_metadata_only():
             ops.resolve_impl("gluon", q, q, None)
 
 
+def test_auto_takes_gluon_only_at_the_measured_head_dimensions(monkeypatch):
+    """Where the Gluon forward could run (its refusal stubbed to None), "auto" takes it at d = 64
+    and 128 (fa3.AUTO_HEAD_DIMS) and keeps forward.py at d = 256, which impl="gluon" still runs."""
+    monkeypatch.setattr(ops, "gluon_refusal", lambda *args: None)
+    with FakeTensorMode():
+        for d, auto in ((64, "gluon"), (128, "gluon"), (256, "triton")):
+            q = torch.empty(1, 2, 64, d, dtype=torch.bfloat16)
+            assert ops.resolve_impl("auto", q, q, None) == auto, d
+            assert ops.resolve_impl("gluon", q, q, None) == "gluon", d
+
+
 # --------------------------------------------------------------- on a GPU (Inductor)
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -18,10 +18,11 @@ issue their GEMMs in turn, so one warpgroup's softmax runs while the other's GEM
 tensor cores. Intra-warpgroup overlap (§3.2, Algorithm 2): S_next = Q_i K_j^T is issued
 asynchronously (wgmma) with P_cur V_{j-1}, and the softmax of S_next runs while P_cur V_{j-1}
 is still on the tensor cores. The epilogue writes O through shared memory with one TMA store,
-which runs on while the warpgroup starts its next tile. Each head dimension runs the schedule
-measured fastest for it (:data:`SWITCHES`): both on at d = 128; at d = 64, where the tensor
-cores and the exp unit need equal time, both off, with a third consumer where there is no mask
-(:data:`CONSUMERS`).
+which runs on while the warpgroup starts its next tile (at d = 256, whose K and V blocks leave
+no room for two O tiles, straight from registers). Each head dimension runs the schedule measured
+fastest for it (:data:`SWITCHES`): both on at d = 128; at d = 64, where the tensor cores and
+the exp unit need equal time, both off, with a third consumer where there is no mask
+(:data:`CONSUMERS`); d = 256 takes d = 128's.
 
 Glossary: Br = BLOCK_M (query rows per warpgroup), Bc = BLOCK_N (keys per block), S scores,
 P = exp2(S - m) probabilities, m running max, l running sum, O unnormalised output, all in
@@ -63,12 +64,17 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
 # TMA shared -> global add: global[coord + block] += shared, by bulk reduce-adds, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
-__all__ = ["CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "SWITCHES", "check_build",
+__all__ = ["AUTO_HEAD_DIMS", "CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "SWITCHES", "check_build",
            "check_shapes", "compile_for_sm90", "compile_sm90", "config", "consumer_count", "fa3_forward", "forward",
            "supported", "switches", "tensor_descriptor_type"]
 
 GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
+# Where impl="auto" takes this kernel (flashlab.kernels.ops.resolve_impl): the head dimensions at
+# which its float64 tests, its timing beside the Triton forward and the GPU test of this choice
+# (tests/test_kernels.py) have all run on a Hopper GPU. d = 256 runs when asked for
+# (impl="gluon"); the test of "auto" taking it has not run there yet.
+AUTO_HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -107,7 +113,9 @@ STAMP_PARTS = ("consumer 0", "consumer 1", "producer")  # the PART index of _sta
 # both switches off had the best median of the four settings at every d = 64 shape
 # (results/fa3_backward/run12 and run13, 2-5 %); at d = 128 nothing beat both on beyond the
 # rounds' spread.
-SWITCHES = {64: (False, False), 128: (True, True)}
+# At d = 256 (Bc = 64) the GEMMs take 2048 cycles against the exponentials' 512: d = 128's schedule
+# (chosen from these counts; the other settings have not been measured there).
+SWITCHES = {64: (False, False), 128: (True, True), 256: (True, True)}
 # Consumer warpgroups a program runs when both switches are off, each with its own Br query rows
 # of the tile, by (head dimension, causal). At d = 64 a warpgroup's step is a chain (S, its row
 # max, the exponentials, the row sum, P V) whose waits only other warpgroups' work can fill;
@@ -117,7 +125,7 @@ SWITCHES = {64: (False, False), 128: (True, True)}
 # through key blocks their rows never see (9 % more blocks than two consumers at N = 4096), and
 # the last, ragged tile of a head is the longest. Ping-pong orders two warpgroups, and the
 # overlap's second S would not fit three consumers' registers.
-CONSUMERS = {(64, False): 3, (64, True): 2, (128, False): 2, (128, True): 2}
+CONSUMERS = {(64, False): 3, (64, True): 2, (128, False): 2, (128, True): 2, (256, False): 2, (256, True): 2}
 
 
 def switches(d: int, pingpong: bool | None = None, overlap: bool | None = None,
@@ -152,7 +160,10 @@ def config(d: int) -> dict:
     """Tile sizes and ring depth for head dimension ``d``. Shared memory per CTA:
     Q and O 2 * C * Br * d (C consumers) + STAGES * (K + V) 2 * Bc * d elements, 2 bytes each;
     d = 128 with 2 stages is 192 KB of the 227 KB a CTA may use, d = 64 with 4 stages 160 KB (176
-    KB with three consumers)."""
+    KB with three consumers). d = 256 takes Bc = 64 and 2 stages, 192 KB without O's tiles; two
+    more (64 KB) would not fit, so its O goes from registers to global memory (:func:`_write_tile`)."""
+    if d == 256:
+        return {"BLOCK_M": BLOCK_M, "BLOCK_N": 64, "HEAD_D": d, "STAGES": 2}
     return {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "HEAD_D": d, "STAGES": 2 if d == 128 else 4}
 
 
@@ -450,8 +461,11 @@ def _store_tile(desc_o, O, LSE, o_smem, o, m_i, l_i, row0, o_row0, N_Q, o_layout
     """The epilogue of a persistent program: a warpgroup whose Br rows all lie below N_q writes O
     through shared memory and one TMA store (``o_smem``, (Br, d), this warpgroup's), which runs
     while the next tile begins; a ragged last tile of a head writes its rows by :func:`_write_tile`,
-    so that no row of the next head is touched."""
-    if row0 + BLOCK_M <= N_Q:
+    so that no row of the next head is touched, and so does every tile at d = 256, which has no
+    room for two O tiles (:func:`config`)."""
+    if HEAD_D > 128:
+        _write_tile(O, LSE, o, m_i, l_i, row0, o_row0, N_Q, o_layout, BLOCK_M, HEAD_D)
+    elif row0 + BLOCK_M <= N_Q:
         # the normalisation of _write_tile, inside this branch: moved out of it (one copy for
         # both branches), Triton 3.6's ptxas spills in the key-block loop of the causal builds
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -574,7 +588,11 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
     stamps of its phases into STAMP (:func:`_stamp`). The partitions are written out once for each
     number of consumers: warp_specialize takes a list fixed when the kernel is traced."""
     q_smem, k_smem, v_smem, bars, turn = _ring(desc_q, desc_k, desc_v, STAGES, CONSUMERS)
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS] + desc_o.block_type.shape, desc_o.layout)
+    if HEAD_D <= 128:
+        o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS] + desc_o.block_type.shape, desc_o.layout)
+    else:  # d = 256: no room for two O tiles; O goes from registers to global memory (_store_tile)
+        # a stand-in that only gives _consumer's o_smem.index(WG) something to index (never accessed)
+        o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS, 8, 64], desc_o.layout)
     if CONSUMERS == 2:
         gl.warp_specialize([  # the default partition (4 warps) is consumer 0
             (_consumer, (desc_o, O, LSE, q_smem, o_smem, k_smem, v_smem, bars, turn,
@@ -604,14 +622,15 @@ def _fa3_kernel(desc_q, desc_k, desc_v, desc_o, O, LSE, N_Q, N_K, BH, DEAL, qk_s
         ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, PRODUCER_REGS])
 
 
-def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
     """q (B, H, N_q, d), k and v (B, H, N_k, d) as the Gluon kernels take them: the same B, H and
-    d, d in HEAD_DIMS, N_q and N_k positive; ValueError naming the argument otherwise."""
+    d, d in ``head_dims`` (the calling kernel's), N_q and N_k positive; ValueError naming the
+    argument otherwise."""
     if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
         raise ValueError("q (B, H, N_q, d), k and v (B, H, N_k, d) must agree in B, H and d; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"the head dimension d must be one of {HEAD_DIMS}; got d = {q.shape[3]}")
+    if q.shape[3] not in head_dims:
+        raise ValueError(f"the head dimension d must be one of {head_dims}; got d = {q.shape[3]}")
     if q.shape[2] == 0 or k.shape[2] == 0:
         raise ValueError(f"N_q and N_k must be positive; got N_q = {q.shape[2]}, N_k = {k.shape[2]}")
 
@@ -735,7 +754,7 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
 
     Parameters
     ----------
-    q : (B, H, N_q, d) bfloat16 or float16, contiguous, on a Hopper GPU; d = 64 or 128
+    q : (B, H, N_q, d) bfloat16 or float16, contiguous, on a Hopper GPU; d = 64, 128 or 256
     k, v : (B, H, N_k, d), same dtype
     causal : mask keys after the query, aligned bottom-right when N_q != N_k
         (query i sees key j iff j <= i + N_k - N_q); a row that sees no key gives 0.
@@ -762,12 +781,13 @@ def tensor_descriptor_type(dtype, block: list[int]) -> str:
     return f"tensordesc<{dtype}[{shape}],{gl.NVMMASharedLayout.get_default_for(block, dtype)!r}>"
 
 
-def check_build(dtype: torch.dtype, d: int) -> None:
-    """The arguments a bf16/fp16 Gluon kernel can be compiled for: ``dtype`` in DTYPES, ``d`` in HEAD_DIMS."""
+def check_build(dtype: torch.dtype, d: int, head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
+    """The arguments a bf16/fp16 Gluon kernel can be compiled for: ``dtype`` in DTYPES, ``d`` in
+    ``head_dims`` (the calling kernel's)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be bfloat16 or float16; got {dtype}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
+    if d not in head_dims:
+        raise ValueError(f"d must be one of {head_dims}; got {d}")
 
 
 def compile_for_sm90(kernel, signature: dict[str, str], constexprs: dict[str, object], pointers: tuple[int, ...],

@@ -51,12 +51,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
-from .fa3 import (_GL_DTYPES, DTYPES, HEAD_DIMS, _stamp, _tma_add, _tma_load, check_build, check_shapes,
+from .fa3 import (_GL_DTYPES, DTYPES, _stamp, _tma_add, _tma_load, check_build, check_shapes,
                   compile_for_sm90, tensor_descriptor_type)
 
-__all__ = ["BLOCK_M", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "finish", "prepare",
-           "supported"]
+__all__ = ["BLOCK_M", "HEAD_DIMS", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "finish",
+           "prepare", "supported"]
 
+# d = 256 is not among them: a consumer's dK and dV accumulators, (Br, d) fp32 each, would take
+# 2 * 64 * 256 / 128 = 256 registers a thread by themselves
+HEAD_DIMS = (64, 128)
 BLOCK_M = 64  # Br: query rows per block; also the keys each consumer warpgroup owns (Bc = 2 Br)
 NUM_WARPS = 4  # the default partition: consumer 0
 MAXNREG = 168  # as in the forward (flashlab.kernels.fa3): consumers 240 registers, producer 24
@@ -401,7 +404,7 @@ def _check(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             raise ValueError(f"{name} must be contiguous (B, H, N, d); got strides {t.stride()}")
     if do.shape != q.shape or o.shape != q.shape:
         raise ValueError(f"do and o must have q's shape {tuple(q.shape)}; got {tuple(do.shape)}, {tuple(o.shape)}")
-    check_shapes(q, k, v)
+    check_shapes(q, k, v, HEAD_DIMS)
     if lse2.shape != q.shape[:3] or lse2.dtype != torch.float32:
         raise ValueError(f"lse2 must be a float32 tensor of shape {tuple(q.shape[:3])}; "
                          f"got {lse2.dtype} {tuple(lse2.shape)}")
@@ -478,7 +481,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def compile_sm90(dtype: torch.dtype = torch.bfloat16, d: int = 128, causal: bool = False, stamps: bool = False):
     """Compile the kernel for sm_90 without a GPU, with the argument types :func:`backward`
     launches it with (``stamps``: the build with time stamps); returns Triton's CompiledKernel."""
-    check_build(dtype, d)
+    check_build(dtype, d, HEAD_DIMS)
     c = config(d)
     g = _GL_DTYPES[dtype]
     constexprs = dict(CAUSAL=bool(causal), **c, STAMP_AT=0, STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))

@@ -294,7 +294,7 @@ def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, N, d); got {got}")
         if t.dtype != FP8_DTYPE:
             raise TypeError(f"{name} must be float8_e4m3fn (see flashlab.kernels.fp8.quantize_qkv); got {t.dtype}")
-    fa3.check_shapes(q, k, v)
+    fa3.check_shapes(q, k, v, HEAD_DIMS)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16; got {out_dtype}")
     for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, fa3.BLOCK_N)):

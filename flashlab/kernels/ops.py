@@ -72,14 +72,20 @@ def gluon_refusal(q: torch.Tensor, k: torch.Tensor, window: tuple[int, int] | No
 def resolve_impl(impl: object, q: torch.Tensor, k: torch.Tensor, window: tuple[int, int] | None,
                  varlen: bool = False) -> str:
     """"triton" or "gluon" for ``impl`` in :data:`IMPLS`: "auto" takes "gluon" where
-    :func:`gluon_refusal` finds nothing wrong; an explicit "gluon" that cannot run raises."""
+    :func:`gluon_refusal` finds nothing wrong and d is in ``fa3.AUTO_HEAD_DIMS``; an explicit
+    "gluon" that cannot run raises."""
     if not isinstance(impl, str) or impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}; got {impl!r}")
     if impl == "triton":
         return impl
     why = gluon_refusal(q, k, window, varlen)
     if impl == "auto":
-        return "triton" if why else "gluon"
+        if why:
+            return "triton"
+        from . import fa3  # Gluon is imported only where it can run
+
+        # the Gluon forward where it was measured against the Triton one
+        return "gluon" if q.shape[-1] in fa3.AUTO_HEAD_DIMS else "triton"
     if why:
         raise ValueError(f"impl='gluon' (the FlashAttention-3 forward, flashlab.kernels.fa3) needs {why}; "
                          "impl='triton' or 'auto' runs these inputs")

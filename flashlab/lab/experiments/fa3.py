@@ -58,8 +58,8 @@ __all__ = ["ABLATION_SHAPES", "CASES", "FP8_CASES", "PAPER_ABLATION", "TOLERANCE
            "fp8_check_case", "fp8_correctness", "fp8_race_check", "fp8_rmse", "fp8_speed", "main", "race_check",
            "simulated", "speed", "switch_name", "switch_rows", "switches", "torch_attention"]
 
-# (B, H, N_q, N_k, d, causal, dtype): both dtypes and head dimensions, masked edges (N not a
-# multiple of 128), N_q != N_k both ways (bottom-right causal alignment; rows that see no key).
+# (B, H, N_q, N_k, d, causal, dtype): both dtypes and every head dimension, masked edges (N not
+# a multiple of 128), N_q != N_k both ways (bottom-right causal alignment; rows that see no key).
 CASES: list[tuple[int, int, int, int, int, bool, torch.dtype]] = [
     (2, 3, 1000, 1000, 128, False, torch.bfloat16),
     (2, 3, 1000, 1000, 128, True, torch.bfloat16),
@@ -71,6 +71,8 @@ CASES: list[tuple[int, int, int, int, int, bool, torch.dtype]] = [
     (1, 2, 1531, 777, 64, False, torch.float16),
     (3, 2, 100, 1000, 64, True, torch.float16),
     (2, 2, 1, 333, 128, False, torch.bfloat16),
+    (1, 3, 1531, 1531, 256, True, torch.bfloat16),
+    (2, 2, 777, 1000, 256, False, torch.float16),
 ]
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 2e-3}  # max |o - o_ref| on unit-variance inputs
 LSE_RTOL = 1e-4
