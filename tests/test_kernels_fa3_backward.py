@@ -400,6 +400,22 @@ def test_compile_refuses_what_the_kernels_do_not_build(module, dtype, d, words):
         importlib.import_module(f"flashlab.kernels.{module}").compile_sm90(dtype, d)
 
 
+def test_only_the_forward_takes_d_256():
+    """The Gluon forward takes d = 256; the FA3 backward and the FP8 forward keep d = 64 and 128
+    and say so in their errors."""
+    from flashlab.kernels import fa3, fa3_backward, fa3_fp8
+
+    assert 256 in fa3.HEAD_DIMS and 256 not in fa3.AUTO_HEAD_DIMS
+    with pytest.raises(ValueError, match=r"d must be one of \(64, 128\); got 256"):
+        fa3_backward.compile_sm90(torch.bfloat16, 256)
+    with pytest.raises(ValueError, match=r"d must be one of \(64, 128\); got 256"):
+        fa3_fp8.compile_sm90(256)
+    q = torch.empty(1, 2, 64, 256, dtype=torch.bfloat16)
+    fa3.check_shapes(q, q, q)  # the forward's own check passes
+    with pytest.raises(ValueError, match=r"head dimension d must be one of \(64, 128\); got d = 256"):
+        fa3.check_shapes(q, q, q, fa3_backward.HEAD_DIMS)
+
+
 @runs_somewhere
 @pytest.mark.parametrize("B, H, N, d", [(1, 2, 70, 64), (2, 1, 64, 128), (1, 1, 1, 64)])
 def test_prepare_and_finish_match_pytorch(B, H, N, d):

@@ -220,7 +220,7 @@ def test_impl_resolution_is_metadata_only():
             ops.resolve_impl("gluon", q, q, None)
 
 
-def test_auto_takes_gluon_only_at_the_measured_head_dimensions(monkeypatch):
+def test_auto_takes_gluon_only_at_auto_head_dims(monkeypatch):
     """Where the Gluon forward could run (its refusal stubbed to None), "auto" takes it at d = 64
     and 128 (fa3.AUTO_HEAD_DIMS) and keeps forward.py at d = 256, which impl="gluon" still runs."""
     monkeypatch.setattr(ops, "gluon_refusal", lambda *args: None)

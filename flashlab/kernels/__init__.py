@@ -96,9 +96,9 @@ def flash_attention(
         - "gluon": fa3.py, FlashAttention-3's warp-specialised forward, on a Hopper GPU (sm_90)
           only, for bfloat16/float16, d = 64, 128 or 256, without window or GQA (non-contiguous
           inputs are copied first); anything else raises ValueError saying what it needs;
-        - "auto": "gluon" where it can run the inputs and d = 64 or 128 (where it was measured
-          against forward.py), otherwise "triton" (so on a CPU, another GPU, fp32, d = 256 and
-          other head dimensions, windows and GQA: "triton").
+        - "auto": "gluon" where it can run the inputs and d = 64 or 128 (fa3.AUTO_HEAD_DIMS: where
+          it was checked and timed in its present form), otherwise "triton" (so on a CPU, another
+          GPU, fp32, d = 256 and other head dimensions, windows and GQA: "triton").
 
     Returns
     -------

@@ -4,7 +4,7 @@
 # 8 files: at most 7 steps a call). Steps:
 #   ab      change 19 against main's FP8 kernel with change19.patch taken back: the same bits,
 #           then the times, one process, rotated rounds (ab_pack.py; AB_D=128 for d = 128 only)
-#   abt     run 19: changes 20 and 19 against the kernels without them (../run19/ab_tree.py)
+#   abt     run 19: changes 19, 20 and 21 against the kernels without them (../run19/ab_tree.py)
 #   tb      the Gluon forward (bf16, fp16, FP8; d = 64, 128) against the float64 reference, and races
 #   t1      the FP8 kernel against the float64 reference, and its race check
 #   p256    apply d256.patch to this copy (steps after it see the d = 256 forward)

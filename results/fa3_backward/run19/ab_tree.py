@@ -8,16 +8,16 @@ Neither landed, so on main apply both first: ``git apply results/fa3_backward/ru
 Change 20 (``change20.patch``, beside this file) makes the Gluon forward's row max and row sum
 trees inside each thread; change 21 (``change21.patch``) keeps the FP8 kernel's wait for P V
 after the softmax's exponentials; change 19 (``../run18/change19.patch``) converts the FP8
-kernel's P to e4m3 where the P V wgmma reads it. The kernels without a change are main's files
+kernel's P to e4m3 where the P V wgmma reads it. The kernels without a change are the tree's files
 with its patch taken back (``git apply -R`` on copies in a temporary folder, loaded as modules
 of ``flashlab.kernels``; main is not touched). Change 19's patch applies only to a kernel
 without change 21, so its effect is fp8_before21 against fp8_before21_19. Contenders, in fa3._time_switches' rotated rounds
 at AB_D (default d = 128 and 64) x AB_N (default N = 16k and 4k), causal and not:
 
     cudnn           SDPA's cuDNN forward
-    bf16            main's Gluon forward (with change 20)
+    bf16            the tree's Gluon forward (with change 20)
     bf16_chain      the same without change 20
-    fp8             main's FP8 forward (changes 19, 20 and 21)
+    fp8             the tree's FP8 forward (changes 19, 20 and 21)
     fp8_chain       the FP8 forward without change 20
     fp8_before21    the FP8 forward without change 21
     fp8_before21_19 the FP8 forward without changes 21 and 19 (with change 20)
