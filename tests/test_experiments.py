@@ -201,3 +201,23 @@ def test_switch_contenders_run_the_setting_they_name(monkeypatch):
         name, _, theta = name.partition("_theta")
         assert kw.get("rescale_threshold") == (int(theta) if theta else None), (name, kw)
         assert experiment.switch_name(kw["pingpong"], kw["overlap"], w) == name.removeprefix("fp8_"), (name, kw)
+
+
+def test_time_switches_per_length_records_each_length_longest_first(monkeypatch):
+    """per_length: one record per length, <name>_n<N>, the longest first, each holding only its
+    own length's rows (so that a device call's time limit keeps the lengths already done)."""
+    from flashlab.lab.experiments import backward
+    from flashlab.lab.experiments import fa3 as e
+
+    records = []
+    monkeypatch.setattr(experiments, "require_gpu", lambda: None)
+    monkeypatch.setattr(experiments, "in_rounds", lambda fns, rounds: {k: [1.0] for k in fns})
+    monkeypatch.setattr(experiments, "record", lambda name, rows, out: records.append((name, rows)) or [name])
+    monkeypatch.setattr(backward, "_qkv", lambda B, H, n, d: (None,) * 4)
+    monkeypatch.setattr(e.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(e, "SPEED_D", (64,))
+    paths = e._time_switches(lambda *a: {"a": None, "b": None}, lambda d, causal: "a", "ab", "out",
+                             per_length=True, lengths=(4096, 16384))
+    assert paths == ["ab_n16384", "ab_n4096"]
+    for (name, rows), n in zip(records, (16384, 4096)):
+        assert {row["N"] for row in rows} == {n} and len(rows) == 4, (name, rows)  # 2 contenders x causal

@@ -430,17 +430,24 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     return fns
 
 
-def _time_switches(contenders, default, name: str, out: str | Path) -> list[Path]:
-    """Time ``contenders(q, k, v, do, causal)`` at every shape of :data:`SPEED_D` x
-    :data:`SWITCH_N` x (not causal, causal) in :data:`SWITCH_ROUNDS` rotated rounds, rows by
-    :func:`switch_rows` against ``default(d, causal)``, recorded as ``name`` under ``out``."""
+def _time_switches(contenders, default, name: str, out: str | Path, per_length: bool = False,
+                   lengths: tuple[int, ...] | None = None) -> list[Path]:
+    """Time ``contenders(q, k, v, do, causal)`` at every shape of :data:`SPEED_D` x ``lengths``
+    (default :data:`SWITCH_N`) x (not causal, causal) in :data:`SWITCH_ROUNDS` rotated rounds,
+    rows by :func:`switch_rows` against ``default(d, causal)``, recorded as ``name`` under
+    ``out``; ``per_length``: one record per length instead, ``<name>_n<N>``, longest first, each
+    written as soon as its shapes are timed (so that a time limit keeps those done)."""
     from flashlab.lab.experiments import in_rounds, record, require_gpu
     from flashlab.lab.experiments.backward import _qkv
 
+    lengths = SWITCH_N if lengths is None else lengths
+    if per_length:
+        return [path for n in sorted(lengths, reverse=True)
+                for path in _time_switches(contenders, default, f"{name}_n{n}", out, lengths=(n,))]
     require_gpu()
     rows: list[dict[str, object]] = []
     for d in SPEED_D:
-        for n in SWITCH_N:
+        for n in lengths:
             B, H = paper_shape(n, d)
             q, k, v, do = _qkv(B, H, n, d)
             for causal in (False, True):

@@ -10,6 +10,8 @@ quantised inputs. Before the rounds, each shape checks that the two FP8 kernels 
 is converted, not how. Writes fa3_fp8_pack_n<N>_<gpu>.csv/.json for each N (provenance as the
 experiments record it) under OUT."""
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -54,21 +56,15 @@ def contenders(q, k, v, do, causal):
     old = lambda: before.forward(**pre, causal=causal)  # noqa: E731
     key = (q.shape[-1], q.shape[2], causal)
     SAME[key] = all(torch.equal(a, b) for a, b in zip(new(), old()))  # (O, lse) of each kernel
-    print("same bits (d, N, causal):", key, SAME[key], flush=True)  # at once: a time limit may come
+    print("same bits (d, N, causal):", key, SAME[key], flush=True)
+    same = [{"d": d, "N": n, "causal": c, "same_bits": s} for (d, n, c), s in SAME.items()]
+    Path(OUT, "fa3_fp8_pack_same_bits.json").write_text(json.dumps(same, indent=1))  # at once: a time limit may come
     return {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0], "bf16_default": lambda: e.forward(q, k, v, causal),
             "fp8_default": new, "fp8_before": old}
 
 
 if __name__ == "__main__":
-    import json
-    import os
-
+    OUT = sys.argv[1]
     e.SPEED_D = tuple(int(d) for d in os.environ.get("AB_D", "128 64").split())
-    e.SWITCH_N = tuple(int(n) for n in os.environ.get("AB_N", "16384 4096").split())
-
-    for n in sorted(e.SWITCH_N, reverse=True):  # a record per length, longest first: a time limit keeps those done
-        e.SWITCH_N = (n,)
-        e._time_switches(contenders, lambda d, causal: "fp8_default", f"fa3_fp8_pack_n{n}", sys.argv[1])
-        same = [{"d": d, "N": n, "causal": c, "same_bits": s} for (d, n, c), s in SAME.items()]
-        Path(sys.argv[1], "fa3_fp8_pack_same_bits.json").write_text(json.dumps(same, indent=1))
-        print("same bits:", same, flush=True)
+    lengths = tuple(int(n) for n in os.environ.get("AB_N", "16384 4096").split())
+    e._time_switches(contenders, lambda d, causal: "fp8_default", "fa3_fp8_pack", OUT, per_length=True, lengths=lengths)

@@ -96,14 +96,13 @@ def contenders(q, k, v, do, causal):
         (o1, _), (o2, _) = fns[base](), fns[other]()
         DIFFS.append({**shape, "kernel": other, "against": base, "same_bits": bool(torch.equal(o1, o2)),
                       "max_abs_diff": float((o1.float() - o2.float()).abs().max())})
-        print(DIFFS[-1], flush=True)  # at once: a time limit may come
+        print(DIFFS[-1], flush=True)
+    Path(OUT, "ab_tree_diffs.json").write_text(json.dumps(DIFFS, indent=1))  # at once: a time limit may come
     return fns
 
 
 if __name__ == "__main__":
+    OUT = sys.argv[1]
     e.SPEED_D = tuple(int(d) for d in os.environ.get("AB_D", "128 64").split())
-    e.SWITCH_N = tuple(int(n) for n in os.environ.get("AB_N", "16384 4096").split())
-    for n in sorted(e.SWITCH_N, reverse=True):  # a record per length, longest first: a time limit keeps those done
-        e.SWITCH_N = (n,)
-        e._time_switches(contenders, lambda d, causal: "bf16", f"ab_tree_n{n}", sys.argv[1])
-        Path(sys.argv[1], "ab_tree_diffs.json").write_text(json.dumps(DIFFS, indent=1))
+    lengths = tuple(int(n) for n in os.environ.get("AB_N", "16384 4096").split())
+    e._time_switches(contenders, lambda d, causal: "bf16", "ab_tree", OUT, per_length=True, lengths=lengths)
