@@ -4,10 +4,10 @@
 # 8 files: at most 7 steps a call). Steps:
 #   ab      change 19 against main's FP8 kernel with change19.patch taken back: the same bits,
 #           then the times, one process, rotated rounds (ab_pack.py; AB_D=128 for d = 128 only)
-#   abt     run 19: changes 19, 20 and 21 against the kernels without them (../run19/ab_tree.py)
+#   abt     run 19: changes 19, 20 and 21 against the kernels without them (../run19/ab_tree.py;
+#           20 and 21 are applied to this copy for the step and taken back after it)
 #   tb      the Gluon forward (bf16, fp16, FP8; d = 64, 128) against the float64 reference, and races
 #   t1      the FP8 kernel against the float64 reference, and its race check
-#   p256    apply d256.patch to this copy (run 19; main has it since 76bc651, where this step fails)
 #   t256    the Gluon forward at d = 256 against the float64 reference, and its race check
 #   s256    its speed beside forward.py and SDPA (speed256.py)
 #   ncu     Nsight Compute's stall samples per SASS instruction of both FP8 kernels (ncu_fp8.py)
@@ -36,15 +36,15 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
-KNOWN="ab abt tb t1 p256 t256 s256 ncu t2 fp8sw broken variants b128 b64"
+KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D"; } > $OUT/s1/gpu.txt 2>&1
 pack s1
 for s in $STEPS; do case $s in
   ab) step ab 140 env PYTHONPATH=. python $D/ab_pack.py $OUT/ab ;;
-  p256) step p256 20 bash -c "git apply $D/d256.patch || patch -p1 < $D/d256.patch" ;;
-  abt) step abt 170 env PYTHONPATH=. python $D/../run19/ab_tree.py $OUT/abt ;;
+  abt) P="$D/../run19/change20.patch $D/../run19/change21.patch"
+    git apply $P && step abt 170 env PYTHONPATH=. python $D/../run19/ab_tree.py $OUT/abt; git apply -R $P ;;
   tb) step tb 130 $GLUON -k "(matches_float64 or race_free or fp8_matches_dequantised) and not 256" ;;
   t1) step t1 90 $GLUON -k "fp8_matches_dequantised or fp8_race_free" ;;
   t256) step t256 200 bash -c "$GLUON -k \"(matches_float64 or race_free) and 256 and not fp8\"; a=\$?
