@@ -221,3 +221,22 @@ def test_time_switches_per_length_records_each_length_longest_first(monkeypatch)
     assert paths == ["ab_n16384", "ab_n4096"]
     for (name, rows), n in zip(records, (16384, 4096)):
         assert {row["N"] for row in rows} == {n} and len(rows) == 4, (name, rows)  # 2 contenders x causal
+
+
+@pytest.mark.parametrize("staircase, low, high", [(0.0, 1.0, 1.1), (0.75, 1.2, 1.6)])
+def test_conditional_rescaling_costs_fp8_rmse_only_on_a_staircase(staircase, low, high):
+    """The Gluon FP8 kernel's arithmetic emulated on a CPU (fa3.fp8_emulated_rmse): theta = 2
+    against rescaling at every block. On random scores the RMSE moves by under 10 %; on the
+    staircase, where a warpgroup keeps a stale m for two blocks in three, it grows by 20-60 %:
+    a fresh m makes each block's largest P exactly 2^8, a stale one rounds it. The GPU test
+    (test_fp8_conditional_rescaling_matches) holds the kernel to this emulation, not to the
+    kernel rescaling at every block."""
+    from flashlab.kernels.fp8 import dequantize_fp8
+    from flashlab.lab.experiments import fa3
+    from flashlab.reference import attention
+
+    pre = fa3._fp8_inputs(2, 3, 1024, 1024, 128, 0, staircase, device="cpu")
+    qkv = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().numpy() for x in "qkv"]
+    o_ref = attention(*qkv)
+    plain, theta2 = (fa3.fp8_emulated_rmse(qkv, o_ref, False, t) for t in (None, 2.0))
+    assert low <= theta2 / plain <= high, (plain, theta2)

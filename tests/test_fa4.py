@@ -25,6 +25,7 @@ from flashlab import cycles
 from flashlab.course.figures import FIGURES, get
 from flashlab.hardware import B200, B300, H100
 from flashlab.reference import attention as reference_attention, rescale, softexp
+from flashlab.reference.fp8 import round_to_fp8
 
 TOL = 1e-12
 
@@ -274,3 +275,55 @@ def test_row_group_checked():
     x = np.ones((2, 4))
     with pytest.raises(ValueError, match="row_group"):
         rescale.conditional_attention(x, x, x, row_group=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 40), st.integers(1, 60), st.integers(1, 9), st.integers(1, 8),
+    st.sampled_from([0.0, 2.0, 8.0]), st.booleans(), st.integers(0, 2**31 - 1),
+)
+def test_p_rounded_to_fp8_stays_within_its_rounding(n_q, n_k, block_size, row_group, theta, causal, seed):
+    """P rounded to e4m3 at scale 2^(8 - theta), as the Gluon FP8 kernel casts it: each P moves
+    by at most 2^-4 of itself (3 mantissa bits) or half the subnormal step 2^-10 / 2^(8 - theta),
+    and l >= 1 (the key at the running max has P >= 1), so each output moves by at most
+    (2^-4 + N_k 2^-10 / 2^(8 - theta)) max|v|."""
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(n_q, 8)), 4 * rng.normal(size=(n_k, 8)), rng.normal(size=(n_k, 5))
+    kw = dict(causal=causal, row_group=row_group)
+    exact = rescale.conditional_attention(q, k, v, theta, block_size, **kw).o
+    shift = 8.0 - theta
+    fp8 = rescale.conditional_attention(q, k, v, theta, block_size, **kw, p_format="e4m3", p_shift=shift).o
+    bound = (2.0**-4 + n_k * 2.0**-10 / 2.0**shift) * np.abs(v).max()
+    assert np.max(np.abs(fp8 - exact)) <= bound * (1 + 1e-9)
+    assert np.max(np.abs(fp8 - exact)) > 0 or n_k == 1  # the rounding is applied
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 40), st.sampled_from([0.0, 2.0, 8.0]), st.booleans(),
+       st.sampled_from(["e4m3", "e5m2"]), st.integers(0, 2**31 - 1))
+def test_p_rounded_in_one_block_is_the_closed_form(n_q, n_k, theta, causal, fmt, seed):
+    """One key block: m_ref is the row max, so O = round(2^s P) 2^-s V / sum(P) with P =
+    exp2(S - rowmax(S)) and s = 8 - theta, written here without the online loop."""
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(n_q, 8)), 4 * rng.normal(size=(n_k, 8)), rng.normal(size=(n_k, 5))
+    shift = 8.0 - theta
+    got = rescale.conditional_attention(q, k, v, theta, n_k, causal, p_format=fmt, p_shift=shift).o
+    s = q @ k.T / math.sqrt(8) * rescale.LOG2E                       # (N_q, N_k), log2 units
+    if causal:
+        s = np.where(np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + n_k - n_q, s, -np.inf)
+    m = np.max(s, axis=1, keepdims=True)
+    seen = np.isfinite(m)
+    p = np.exp2(s - np.where(seen, m, 0.0))                           # exact P, <= 1
+    rounded = round_to_fp8(p * 2.0**shift, fmt) * 2.0**-shift
+    want = np.where(seen, rounded @ v / np.where(seen, p.sum(axis=1, keepdims=True), 1.0), 0.0)
+    assert np.max(np.abs(got - want)) < TOL
+
+
+def test_p_rounding_checked():
+    x = np.ones((2, 4))
+    with pytest.raises(ValueError, match="p_format"):
+        rescale.conditional_attention(x, x, x, p_shift=8.0)
+    with pytest.raises(ValueError, match="p_shift"):
+        rescale.conditional_attention(x, x, x, p_format="e4m3", p_shift=float("nan"))
+    with pytest.raises(ValueError, match="e3m4"):
+        rescale.conditional_attention(x, x, x, p_format="e3m4")

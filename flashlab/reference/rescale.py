@@ -37,6 +37,7 @@ import numpy as np
 
 from .._validate import as_float_array, positive_int
 from .common import LOG2E, _check_qkv, _scale, causal_mask
+from .fp8 import round_to_fp8
 
 __all__ = ["attention", "conditional_attention", "ConditionalResult", "RowTrace", "trace_row",
            "rescales", "running_max_changes", "staircase_row", "LOG2E"]
@@ -140,7 +141,8 @@ def staircase_row(steps: int = 10, rise: float = 1.0, block_size: int = 4, seed:
 
 
 def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,
-                          scale: float | None = None, dtype=np.float64, row_group: int = 1) -> ConditionalResult:
+                          scale: float | None = None, dtype=np.float64, row_group: int = 1,
+                          p_format: str | None = None, p_shift: float = 0.0) -> ConditionalResult:
     """Attention by online softmax over K/V blocks with conditional rescaling (FA4 §3.2).
 
     Parameters
@@ -154,10 +156,21 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         when one row of a group must move, every row of the group moves to its running max.
         1 (default) is FA4's rule, row by row; a GPU kernel whose rows share a warpgroup can skip
         the rescale only for all of them at once (flashlab.kernels.fa3_fp8: 64 rows).
+    p_format, p_shift : None (default) multiplies the exact P into V. An FP8 format ("e4m3",
+        "e5m2") rounds P where an FP8 kernel casts it: P V uses 2^-p_shift round(2^p_shift P),
+        the row sums l the unrounded P. flashlab.kernels.fa3_fp8 casts P = 2^(8 - theta)
+        exp2(S - m_ref) <= 2^8, so p_shift = 8 - theta emulates it (theta = 0: a kernel that
+        rescales at every block).
     """
     q, k, v = _check_qkv(q, k, v, dtype)
     theta, Bc = _threshold(threshold), positive_int("block_size", block_size)
     G = positive_int("row_group", row_group)
+    if not (isinstance(p_shift, (int, float)) and math.isfinite(p_shift)):
+        raise ValueError(f"p_shift must be a finite number; got {p_shift!r}")
+    if p_format is None and p_shift != 0:
+        raise ValueError(f"p_shift scales P before its FP8 cast, so it needs p_format; got p_shift={p_shift!r} "
+                         "with p_format=None")
+    round_p = (lambda p: p) if p_format is None else _fp8_rounder(p_format, p_shift)
     N_q, N_k = q.shape[-2], k.shape[-2]
     s_log2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2E)  # (..., N_q, N_k) log2 units
     if causal:
@@ -186,9 +199,15 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         if p.size:
             max_p = max(max_p, float(np.max(p)))
         l = l + np.sum(p, axis=-1)
-        o_tilde = o_tilde + p @ v[..., j:j + Bc, :]  # (..., N_q, d_v)
+        o_tilde = o_tilde + round_p(p) @ v[..., j:j + Bc, :]  # (..., N_q, d_v)
     o = np.where(l[..., None] > 0, o_tilde / np.where(l > 0, l, 1.0)[..., None], 0.0)  # o = o_tilde / l
     return ConditionalResult(o, count, m_ref, l, max_p)
+
+
+def _fp8_rounder(fmt: str, shift: float):
+    """P -> 2^-shift round(2^shift P) in FP8 format ``fmt`` (an FP8 kernel's cast of scaled P)."""
+    round_to_fp8(np.zeros(1), fmt)  # an unknown format fails here, before any block
+    return lambda p: round_to_fp8(p * 2.0**shift, fmt) * 2.0**-shift
 
 
 def _any_in_group(x: np.ndarray, G: int) -> np.ndarray:
