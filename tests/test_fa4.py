@@ -325,5 +325,9 @@ def test_p_rounding_checked():
         rescale.conditional_attention(x, x, x, p_shift=8.0)
     with pytest.raises(ValueError, match="p_shift"):
         rescale.conditional_attention(x, x, x, p_format="e4m3", p_shift=float("nan"))
-    with pytest.raises(ValueError, match="e3m4"):
+    with pytest.raises(ValueError, match="p_format must be None or one of .* got 'e3m4'"):
         rescale.conditional_attention(x, x, x, p_format="e3m4")
+    with pytest.raises(ValueError, match="p_shift"):
+        rescale.conditional_attention(x, x, x, p_format="e4m3", p_shift=True)
+    assert np.array_equal(rescale.conditional_attention(x, x, x, p_format="e4m3", p_shift=np.float32(6)).o,
+                          rescale.conditional_attention(x, x, x, p_format="e4m3", p_shift=6).o)

@@ -780,6 +780,23 @@ def test_fp8_conditional_rescaling_matches(case, staircase):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_conditional_rescaling_keeps_heads_apart(causal):
+    """rescale_threshold = 2 with N_q = 100: the last warpgroup of head 0's tile holds rows 64-99
+    and, past N_q, head 1's first 28 queries (Q is read as one (B H N_q, d) matrix). Only rows
+    below N_q may vote on moving m, so scaling head 1's scores by 8 leaves head 0 bit-identical."""
+    pre = experiment._fp8_inputs(1, 2, 100, 1000, 128, 0)
+    louder = dict(pre, q_descale=pre["q_descale"].clone())
+    louder["q_descale"][:, 1] *= 8
+    o, lse = fa3_fp8.forward(**pre, causal=causal, rescale_threshold=2)
+    o8, lse8 = fa3_fp8.forward(**louder, causal=causal, rescale_threshold=2)
+    assert torch.equal(o[:, 0], o8[:, 0]) and torch.equal(lse[:, 0], lse8[:, 0])
+    assert not torch.equal(o[:, 1], o8[:, 1])  # head 1 itself did change
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
 @pytest.mark.parametrize("d", fa3_fp8.HEAD_DIMS)
 def test_fp8_race_free(d):
     row = experiment.fp8_race_check(d=d)

@@ -117,17 +117,20 @@ def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
+def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
                       THETA: gl.constexpr, SHIFT: gl.constexpr):
     """:func:`.fa3._softmax_step` for the FP8 kernel: S (Br, Bc), m, l (Br,) in log2 units.
     Returns P = 2^SHIFT exp2(S * scale - m_new) (Br, Bc), m_new, l_new, alpha = exp2(m - m_new)
     (Br,) and whether O must be rescaled (a scalar; True when THETA < 0). THETA >= 0: conditional
-    rescaling, m_new = m unless some row of the warpgroup rose above its m by more than THETA."""
+    rescaling, m_new = m unless some row of the warpgroup rose above its m by more than THETA.
+    Only rows below N_Q vote: past the last query the tile's rows are the next head's."""
     s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
     m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
     rescale = True
     if THETA >= 0:  # rise: how far the warpgroup's maxima passed m (a row's first key: +inf)
-        rise = gl.reduce(gl.where(m_new > m_i, m_new - m_i, 0.0), 0, fa3._maximum)  # over the Br rows
+        rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s.type.layout))  # (Br,) query indices
+        rises = (m_new > m_i) & (rows < N_Q)
+        rise = gl.reduce(gl.where(rises, m_new - m_i, 0.0), 0, fa3._maximum)  # over the Br rows
         rescale = rise > THETA
         m_new = gl.where(rescale, m_new, m_i)  # every row keeps its m, or every row moves
     p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT)
@@ -204,7 +207,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(first), count=1)
-        p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_K, causal_offset, f,
+        p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_Q, N_K, causal_offset, f,
                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
                                                         CAUSAL, THETA, SHIFT)
 
@@ -230,7 +233,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                 o, s = warpgroup_mma_wait(0, deps=(o_tok, s_tok))
             mbarrier.arrive(k_empty.index(stage), count=1)
             p_next, m_i, l_i, alpha, rescale = _fp8_softmax_step(
-                s, m_i, l_i, row0, start_n, N_K, causal_offset, f,
+                s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, f,
                 fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT)
             # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done

@@ -37,7 +37,7 @@ import numpy as np
 
 from .._validate import as_float_array, positive_int
 from .common import LOG2E, _check_qkv, _scale, causal_mask
-from .fp8 import round_to_fp8
+from .fp8 import FORMATS as FP8_FORMATS, round_to_fp8
 
 __all__ = ["attention", "conditional_attention", "ConditionalResult", "RowTrace", "trace_row",
            "rescales", "running_max_changes", "staircase_row", "LOG2E"]
@@ -165,12 +165,14 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
     q, k, v = _check_qkv(q, k, v, dtype)
     theta, Bc = _threshold(threshold), positive_int("block_size", block_size)
     G = positive_int("row_group", row_group)
-    if not (isinstance(p_shift, (int, float)) and math.isfinite(p_shift)):
+    if isinstance(p_shift, bool) or not (isinstance(p_shift, (int, float, np.floating)) and math.isfinite(p_shift)):
         raise ValueError(f"p_shift must be a finite number; got {p_shift!r}")
     if p_format is None and p_shift != 0:
         raise ValueError(f"p_shift scales P before its FP8 cast, so it needs p_format; got p_shift={p_shift!r} "
                          "with p_format=None")
-    round_p = (lambda p: p) if p_format is None else _fp8_rounder(p_format, p_shift)
+    if p_format is not None and p_format not in FP8_FORMATS:
+        raise ValueError(f"p_format must be None or one of {sorted(FP8_FORMATS)}; got {p_format!r}")
+    round_p = (lambda p: p) if p_format is None else _fp8_rounder(p_format, float(p_shift))
     N_q, N_k = q.shape[-2], k.shape[-2]
     s_log2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2E)  # (..., N_q, N_k) log2 units
     if causal:
@@ -206,7 +208,6 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
 
 def _fp8_rounder(fmt: str, shift: float):
     """P -> 2^-shift round(2^shift P) in FP8 format ``fmt`` (an FP8 kernel's cast of scaled P)."""
-    round_to_fp8(np.zeros(1), fmt)  # an unknown format fails here, before any block
     return lambda p: round_to_fp8(p * 2.0**shift, fmt) * 2.0**-shift
 
 

@@ -56,8 +56,8 @@ from flashlab.lab.measure import gpu_slug, isolated, paper_shape, provenance, ti
 from flashlab.reference import attention, attention_flops
 
 __all__ = ["ABLATION_SHAPES", "CASES", "FP8_CASES", "PAPER_ABLATION", "TOLERANCE", "ablation", "check_case",
-           "fp8_check_case", "fp8_correctness", "fp8_emulated_rmse", "fp8_race_check", "fp8_rmse", "fp8_speed", "main", "race_check",
-           "simulated", "speed", "switch_name", "switch_rows", "switches", "torch_attention"]
+           "fp8_check_case", "fp8_correctness", "fp8_emulated_rmse", "fp8_race_check", "fp8_rmse", "fp8_speed",
+           "main", "race_check", "simulated", "speed", "switch_name", "switch_rows", "switches", "torch_attention"]
 
 # (B, H, N_q, N_k, d, causal, dtype): both dtypes and every head dimension, masked edges (N not
 # a multiple of 128), N_q != N_k both ways (bottom-right causal alignment; rows that see no key).
@@ -625,25 +625,32 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     lse_bound = 1e-3 * max(1.0, lse_ref[finite].abs().max().item() if finite.any() else 1.0)
     near = rmse <= 1.25 * rmse_tri + 1e-4 if rescale_threshold is None else rmse <= 1.1 * rmse_emu + 1e-5
     ok = bool(torch.isfinite(o.float()).all()) and near and lse_err <= lse_bound and same_inf
-    return {"rmse": f"{rmse:.3e}", "rmse_triton_fp8": f"{rmse_tri:.3e}", "rmse_emulated": f"{rmse_emu:.3e}",
-            "lse_err": f"{lse_err:.2e}",
+    return {"rmse": f"{rmse:.3e}", "rmse_triton_fp8": f"{rmse_tri:.3e}",
+            "rmse_emulated": f"{rmse_emu:.3e}", "lse_err": f"{lse_err:.2e}",
             "lse_bound": f"{lse_bound:.2e}", "lse_inf_where_expected": same_inf, "ok": ok}
 
 
 def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
                       rescale_threshold: float | None = None) -> float:
-    """RMSE against ``o_ref`` of the Gluon FP8 kernel's arithmetic emulated in float64: online
-    softmax over its key blocks (Bc = 128) with its warpgroups' rule for moving m (64 rows decide
-    together; theta = 0 without a threshold, which moves m whenever a row's maximum rises), and
-    P = 2^(8 - theta) exp2(S - m) rounded to e4m3 before P V. ``qkv``: the dequantised Q, K, V
-    (B, H, N, d) as float64 arrays; ``o_ref`` (B, H, N_q, d)."""
+    """RMSE against ``o_ref`` of the Gluon FP8 kernel's softmax arithmetic emulated in float64:
+    online softmax over its key blocks (Bc = 128) with its warpgroups' rule for moving m (64 rows
+    decide together; theta = 0 without a threshold, which moves m whenever a row's maximum rises),
+    and P = 2^SHIFT exp2(S - m) (SHIFT = 8 - theta, as the kernel takes them from
+    ``rescale_threshold``) rounded to e4m3 before P V. Left out: the kernel's rounding of O to
+    bf16 and the FP8 wgmma's own accumulation, so this bounds the size of the kernel's error, not
+    its elements. ``qkv``: the dequantised Q (B, H, N_q, d), K and V (B, H, N_k, d) as float64
+    arrays; ``o_ref`` (B, H, N_q, d)."""
     from flashlab.kernels import fa3_fp8
     from flashlab.reference.rescale import conditional_attention
 
-    shape = fa3_fp8.config(qkv[0].shape[-1])
-    theta = 0.0 if rescale_threshold is None else float(rescale_threshold)
+    q = qkv[0]
+    if np.shape(o_ref) != q.shape[:-1] + (qkv[2].shape[-1],):
+        raise ValueError(f"o_ref must have shape {q.shape[:-1] + (qkv[2].shape[-1],)} (Q's rows, V's width); "
+                         f"got {np.shape(o_ref)}")
+    shape, rule = fa3_fp8.config(q.shape[-1]), fa3_fp8._rescaling(rescale_threshold)
+    theta = max(rule["THETA"], 0.0)  # THETA < 0: rescale at every block, the rule of theta = 0
     o = conditional_attention(*qkv, theta, shape["BLOCK_N"], causal, row_group=shape["BLOCK_M"],
-                              p_format="e4m3", p_shift=fa3_fp8.P_SHIFT - theta).o
+                              p_format="e4m3", p_shift=rule["SHIFT"]).o
     return float(np.sqrt(np.mean((o - o_ref) ** 2)))
 
 
