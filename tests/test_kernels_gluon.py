@@ -767,8 +767,8 @@ def test_fp8_conditional_rescaling_matches(case, staircase):
     maxima climb 0.75 a block, so a warpgroup keeps a stale maximum for two blocks in three, at a
     distance up to 2: an O not rescaled when m moves, or a P allowed past 2^8 (e4m3 clips it at
     448), fails here. Against the kernel rescaling at every block conditional rescaling loses
-    up to 2x in RMSE on these inputs, and the emulation loses the same: a stale m rounds each
-    block's largest P, which a fresh m makes exactly 2^8."""
+    up to 2x in RMSE on these inputs, and the emulation loses the same (likely because a stale m
+    rounds each block's largest P, which a fresh m makes exactly 2^8)."""
     row = experiment.fp8_check_case(*case, rescale_threshold=2, staircase=staircase)
     plain = experiment.fp8_check_case(*case, staircase=staircase)
     assert row["ok"], f"{case}: {row}"

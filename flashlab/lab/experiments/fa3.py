@@ -598,8 +598,8 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     Triton FP8 kernel on the same inputs and beside an emulation of the Gluon kernel's own rounding
     of P (:func:`fp8_emulated_rmse`); lse against the reference's. ok: RMSE at most 1.25x the
     Triton kernel's + 1e-4 (rescaling at every block) or at most 1.1x the emulation's + 1e-5
-    (conditional rescaling: a stale m rounds each block's largest P, which the Triton kernel
-    keeps exact), lse within 1e-3 relative, -inf exactly where a row sees no key.
+    (conditional rescaling, which loses up to 2x against rescaling at every block on inputs
+    built against it), lse within 1e-3 relative, -inf exactly where a row sees no key.
     ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES);
     ``rescale_threshold``: conditional rescaling (None: rescale at every block); ``staircase``:
     scores whose block maxima climb this much a key block (:func:`_staircase`), where conditional
