@@ -33,7 +33,7 @@ FIGURES: dict[str, str] = {
     "io_vs_m": "io:io_vs_m",
     "warp_split": "fa2:warp_split",
     "occupancy_waves": "fa2:occupancy_waves",
-    "flashlab_vs_peers_h200": "fa2:bench_h200",
+    "flashlab_vs_peers": "fa2:kernel_bench",
     "grid_v1_v2_h200": "fa2:grid_measured_vs_predicted",
     "cycles_per_tile": "fa4:cycles_per_tile",
     "software_exp2": "fa4:software_exp2",
