@@ -434,7 +434,7 @@ CLAIMS: list[Claim] = [
     _C("fa3_vs_cudnn", "06_flashattention3",
        "For sequences of 1K and longer FA3 beats NVIDIA's cuDNN on the H100.", "1k 及以上", "1024", f"S4; {FA3} §4.1",
        "quoted", ("06_flashattention3.ipynb", "from sequence length 1K upward it beat cuDNN"),
-       note="the book also measures cuDNN on an H200 against its own kernels (chapter 1, chapter 5)"),
+       note="the book also measures cuDNN against its own kernels (chapter 1 on an H200, chapter 5 on an H100)"),
 
     # ---------------------------------------------------------------- chapter 7
     _C("mma_rate", "07_flashattention4",
