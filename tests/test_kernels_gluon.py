@@ -780,18 +780,20 @@ def test_fp8_conditional_rescaling_matches(case, staircase):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
+@pytest.mark.parametrize("n_q", [100, 50])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp8_conditional_rescaling_keeps_heads_apart(causal):
-    """rescale_threshold = 2 with N_q = 100: the last warpgroup of head 0's tile holds rows 64-99
-    and, past N_q, head 1's first 28 queries (Q is read as one (B H N_q, d) matrix). Only rows
-    below N_q may vote on moving m, so scaling head 1's scores by 8 leaves head 0 bit-identical."""
-    pre = experiment._fp8_inputs(1, 2, 100, 1000, 128, 0)
-    louder = dict(pre, q_descale=pre["q_descale"].clone())
-    louder["q_descale"][:, 1] *= 8
+def test_fp8_conditional_rescaling_keeps_heads_apart(causal, n_q):
+    """rescale_threshold = 2: head 0 of a two-head call is bit-identical to head 0 run alone.
+    With N_q = 100 the last warpgroup of head 0's tile holds rows 64-99 and, past N_q, head 1's
+    first 28 queries (Q is read as one (B H N_q, d) matrix); run alone, those rows are zeros.
+    Only rows below N_q may vote on moving m: in a float64 emulation of the rule that let all 64
+    rows vote, head 0's outputs move by up to 6.6e-3 on these inputs. N_q = 50 leaves the second
+    warpgroup with no row of head 0 at all."""
+    pre = experiment._fp8_inputs(1, 2, n_q, 1000, 128, 0)
+    alone = {name: x[:, :1].contiguous() if torch.is_tensor(x) else x for name, x in pre.items()}
     o, lse = fa3_fp8.forward(**pre, causal=causal, rescale_threshold=2)
-    o8, lse8 = fa3_fp8.forward(**louder, causal=causal, rescale_threshold=2)
-    assert torch.equal(o[:, 0], o8[:, 0]) and torch.equal(lse[:, 0], lse8[:, 0])
-    assert not torch.equal(o[:, 1], o8[:, 1])  # head 1 itself did change
+    o1, lse1 = fa3_fp8.forward(**alone, causal=causal, rescale_threshold=2)
+    assert torch.isfinite(o).all() and torch.equal(o[:, :1], o1) and torch.equal(lse[:, :1], lse1)
 
 
 @pytest.mark.gpu

@@ -68,7 +68,7 @@ P_SHIFT = 8.0  # P = 2^8 exp2(S - m): FA3's Max_offset, as in flashlab.kernels.f
 # spread with it; up to +4 % at d = 64).
 SWITCHES = {64: (False, True), 128: (False, True)}
 # Conditional rescaling (FlashAttention-4; chapter 7), ``rescale_threshold`` theta: a warpgroup
-# keeps its rows' reference maximum m while no row's rowmax(S) has passed it by more than theta
+# keeps its rows' reference maximum m while no row below N_q has a rowmax(S) past it by more than theta
 # (log2 units), and then skips O's rescale. Exact for any m (O / l and lse carry the same m); P =
 # 2^(8 - theta) exp2(S - m) <= 2^8 stays in e4m3's range, its smallest values losing theta bits,
 # as in flashlab.lab.variants.fp8_schedules. The rule of

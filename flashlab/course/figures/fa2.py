@@ -175,7 +175,7 @@ def kernel_bench(stem: str = "nvidia-h100-80gb-hbm3/bench",
     fig.get_layout_engine().set(h_pad=0.08)
     folder = stem.rpartition("/")[0]
     beside = all(c.rpartition("/")[0] == folder for _, c in ceilings)  # name the ceilings briefly
-    sources = ", ".join(c.rpartition("/")[2] if beside else f"results/{c}" for _, c in ceilings)
+    sources = ", ".join(f"d = {d}: " + (c.rpartition("/")[2] if beside else f"results/{c}") for d, c in ceilings)
     fig.supxlabel(rec.short.replace("; results/", ";\nresults/") + f"; matmul: {sources}",
                   fontsize=9, color="0.35")
     return fig
