@@ -62,6 +62,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
     try:
         if dtype == "float8_e4m3fn" and pingpong == "theta2":  # the FP8 kernel, rescale_threshold = 2
             k = fa3_fp8.compile_sm90(d, causal, rescale_threshold=2)
+        elif dtype == "float8_e4m3fn" and pingpong == "stamps":  # the FP8 kernel with time stamps
+            k = fa3_fp8.compile_sm90(d, causal, stamps=True)
         elif dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
             _, p, o = pingpong.split("-")
             k = fa3_fp8.compile_sm90(d, causal, pingpong=p == "1", overlap=o == "1")
@@ -105,6 +107,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
     wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
+    wanted += [("float8_e4m3fn", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, None) for d in (64, 128) for c in (False, True)]
@@ -341,6 +344,19 @@ def test_time_stamps_are_compiled_only_when_asked():
     ptx = stamped.asm["ptx"]
     budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
+
+
+def test_fp8_time_stamps_are_compiled_only_when_asked():
+    """The FP8 kernel's STAMPS build reads both clocks and keeps its key-block loops free of local
+    memory; its default build reads neither."""
+    stamped = _compiled(torch.float8_e4m3fn, 128, False, "stamps")
+    plain = _compiled(torch.float8_e4m3fn, 128, False, True)
+    assert "%globaltimer" in stamped.asm["ptx"] and "%clock64" in stamped.asm["ptx"]
+    assert "%globaltimer" not in plain.asm["ptx"] and "%clock64" not in plain.asm["ptx"]
+    loops = key_block_loops(_sass(stamped.asm["cubin"]))
+    if not loops:
+        pytest.skip("cuobjdump is not installed")
+    assert len(loops) == 2 and _local_accesses(loops) == 0, [len(b) for b in loops]
 
 
 def test_config_fits_shared_memory():
@@ -839,6 +855,20 @@ def test_fp8_impl_gluon_through_the_public_entry_point():
 
 
 # --------------------------------------------------------------- the time stamps, on the GPU
+def _every_stamp_taken(stamps: torch.Tensor, n_blocks: int) -> list[dict[str, object]]:
+    """The phases of a stamped tile of ``n_blocks`` key blocks (fa3_timeline.phases, which raises
+    if a stamp is missing), after checking that each partition has one row per step of its
+    program order and that the SM's clock never goes back along it."""
+    from flashlab.lab.experiments import fa3_timeline as timeline
+
+    rows = timeline.phases(stamps)
+    for part in fa3.STAMP_PARTS:
+        mine = [r for r in rows if r["partition"] == part]
+        assert len(mine) == len(timeline.program_order(n_blocks, fa3.STAMP_PARTS.index(part))) - 1
+        assert all(r["end_us"] >= r["start_us"] for r in mine), f"{part}: a phase ends before it starts"
+    return rows
+
+
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
@@ -854,11 +884,27 @@ def test_time_stamps_show_the_pingpong():
     o, lse2, stamps = timeline.stamped_forward(q, k, v, at=(3, 4))
     o_plain, lse_plain = fa3.forward(q, k, v, False)
     assert torch.equal(o, o_plain) and torch.equal(lse2, lse_plain), "the stamps changed the result"
-    rows = timeline.phases(stamps)  # raises if a stamp is missing
-    for part in fa3.STAMP_PARTS:
-        mine = [r for r in rows if r["partition"] == part]
-        assert len(mine) == len(timeline.program_order(16, fa3.STAMP_PARTS.index(part))) - 1
-        assert all(r["end_us"] >= r["start_us"] for r in mine), f"{part}: a phase ends before it starts"
+    rows = _every_stamp_taken(stamps, 16)
     checks = timeline.interleaving(rows)
     assert checks["softmax_alternation"] >= 0.8, checks
     assert checks["softmax_under_other_gemm"] >= 0.8, checks
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+def test_fp8_time_stamps_take_every_phase():
+    """The FP8 kernel stamped on one tile (the middle program) of 16 key blocks: the result is
+    the unstamped kernel's, bit for bit; every partition took every stamp, and in the order the
+    kernel runs its phases the SM's clock never goes back. (Its default runs without ping-pong,
+    so the consumers' softmaxes are not required to alternate.)"""
+    from flashlab.kernels.fp8 import quantize_qkv
+    from flashlab.lab.experiments import fa3_timeline as timeline
+
+    g = torch.Generator(device="cpu").manual_seed(6)
+    q, k, v = (torch.randn(2, 4, 2048, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    pre = quantize_qkv(q, k, v, block=128, v_block=None)
+    o, lse2, stamps = timeline.stamped_fp8_forward(pre, at=(3, 4))
+    o_plain, lse_plain = fa3_fp8.forward(**pre, causal=False)
+    assert torch.equal(o, o_plain) and torch.equal(lse2, lse_plain), "the stamps changed the result"
+    rows = _every_stamp_taken(stamps, 16)

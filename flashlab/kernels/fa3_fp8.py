@@ -163,10 +163,13 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                   CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                   PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
-                  SHIFT: gl.constexpr = P_SHIFT):
+                  SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
+                  STAMPS: gl.constexpr = False):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
     program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
-    (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax)."""
+    (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax).
+    STAMPS: time stamps of each phase of tile STAMP_AT, in :func:`.fa3._consumer`'s phases and
+    order; P becomes e4m3 inside the P V issue, so "convert" only hands P_next over (near 0)."""
     q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
@@ -185,7 +188,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             mbarrier.arrive(turn.index(0), count=1)
 
     for tj in range(fa3._tile_count(N_Q, BH, DEAL, BLOCK_M)):
-        bh, m0, n_blocks, _ = fa3._tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
+        bh, m0, n_blocks, tile = fa3._tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
+        here = tile == STAMP_AT
         row0 = m0 + WG * BLOCK_M
         first_row_keys = row0 + causal_offset + 1
         # r = scale log2(e) dq: one scalar for the warpgroup's Br rows (Q_SB a multiple of Br)
@@ -197,65 +201,88 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
 
         first = c % STAGES  # block 0's slot
+        fa3._stamp(STAMP, here, WG, fa3._WAIT_K, 0, STAMPS)
         mbarrier.wait(q_full.index(WG), n & 1)
         mbarrier.wait(k_full.index(first), (c // STAGES) & 1)
+        fa3._stamp(STAMP, here, WG, fa3._WAIT_TURN, 0, STAMPS)
         fa3._take_turn(turn, c + n, WG, PINGPONG)
+        fa3._stamp(STAMP, here, WG, fa3._ISSUE_S, 0, STAMPS)
         s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
         f = r
         if K_SB != 0:
             f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
+        fa3._stamp(STAMP, here, WG, fa3._WAIT_S, 0, STAMPS)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(first), count=1)
+        fa3._stamp(STAMP, here, WG, fa3._SOFTMAX, 0, STAMPS)
         p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_Q, N_K, causal_offset, f,
                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
                                                         CAUSAL, THETA, SHIFT)
+        fa3._stamp(STAMP, here, WG, fa3._CONVERT, 0, STAMPS)
 
         for j in range(1, n_blocks):
             stage = (c + j) % STAGES
             prev = (c + j - 1) % STAGES
+            fa3._stamp(STAMP, here, WG, fa3._WAIT_K, j, STAMPS)
             mbarrier.wait(k_full.index(stage), ((c + j) // STAGES) & 1)
+            fa3._stamp(STAMP, here, WG, fa3._WAIT_TURN, j, STAMPS)
             fa3._take_turn(turn, c + n + j, WG, PINGPONG)
+            fa3._stamp(STAMP, here, WG, fa3._ISSUE_S, j, STAMPS)
             s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             start_n = j * BLOCK_N
             f = r
             if K_SB != 0:
                 f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
+            fa3._stamp(STAMP, here, WG, fa3._RESCALE, j - 1, STAMPS)
             o = _rescale(o, alpha, rescale, row_o)
+            fa3._stamp(STAMP, here, WG, fa3._WAIT_V, j - 1, STAMPS)
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
+            fa3._stamp(STAMP, here, WG, fa3._ISSUE_PV, j - 1, STAMPS)
             o_tok = warpgroup_mma(_p_operand(p, p_layout, BLOCK_M, BLOCK_N), v_smem.index(prev).permute((1, 0)), o,
                                   is_async=True)
             fa3._pass_turn(turn, WG, PINGPONG)
+            fa3._stamp(STAMP, here, WG, fa3._WAIT_S, j, STAMPS)
             if OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
             else:  # both GEMMs done before the softmax
                 o, s = warpgroup_mma_wait(0, deps=(o_tok, s_tok))
             mbarrier.arrive(k_empty.index(stage), count=1)
+            fa3._stamp(STAMP, here, WG, fa3._SOFTMAX, j, STAMPS)
             p_next, m_i, l_i, alpha, rescale = _fp8_softmax_step(
                 s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, f,
                 fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT)
             # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
+            fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, j - 1, STAMPS)
             if OVERLAP:
                 o = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(prev), count=1)
+            fa3._stamp(STAMP, here, WG, fa3._CONVERT, j, STAMPS)
             p = p_next
         mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
 
         last = (c + n_blocks - 1) % STAGES
+        fa3._stamp(STAMP, here, WG, fa3._RESCALE, n_blocks - 1, STAMPS)
         o = _rescale(o, alpha, rescale, row_o)
+        fa3._stamp(STAMP, here, WG, fa3._WAIT_V, n_blocks - 1, STAMPS)
         mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
+        fa3._stamp(STAMP, here, WG, fa3._WAIT_TURN, n_blocks, STAMPS)  # turn n_blocks: the last P V's
         fa3._take_turn(turn, c + n + n_blocks, WG, PINGPONG)
+        fa3._stamp(STAMP, here, WG, fa3._ISSUE_PV, n_blocks - 1, STAMPS)
         o_tok = warpgroup_mma(_p_operand(p, p_layout, BLOCK_M, BLOCK_N), v_smem.index(last).permute((1, 0)), o,
                               is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
+        fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, n_blocks - 1, STAMPS)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(last), count=1)
+        fa3._stamp(STAMP, here, WG, fa3._WRITE, n_blocks - 1, STAMPS)
         # O = O dv / l and lse = m + log2(l) - SHIFT: l summed the 2^SHIFT-scaled P, as O did
         dv = _descale_at(VD, bh, 1, 0, 0)
         fa3._store_tile(desc_o, O, LSE, o_smem.index(WG), o * dv, m_i - SHIFT, l_i, row0, bh * N_Q, N_Q,
                         o_layout, BLOCK_M, HEAD_D)
+        fa3._stamp(STAMP, here, WG, fa3._DONE, n_blocks, STAMPS)
         c += n_blocks
         n += 1
     tma.store_wait(0)
@@ -266,20 +293,22 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                     PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
-                    SHIFT: gl.constexpr = P_SHIFT):
+                    SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
+                    STAMPS: gl.constexpr = False):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
-    (B * H * d, N_k), O as (B * H * N_q, d)."""
+    (B * H * d, N_k), O as (B * H * N_q, d). STAMPS: tile STAMP_AT writes the time stamps of its
+    phases into STAMP (:func:`.fa3._stamp`), as the bf16 kernel's do."""
     q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     gl.warp_specialize([
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT)),
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS)),
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT)),
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS)),
         (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True)),
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS)),
     ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
 
 
@@ -355,11 +384,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             v_block: int | None = None, out_dtype: torch.dtype = torch.bfloat16,
             out: torch.Tensor | None = None, pingpong: bool | None = None,
             overlap: bool | None = None,
-            rescale_threshold: float | None = RESCALE_THRESHOLD) -> tuple[torch.Tensor, torch.Tensor]:
+            rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: torch.Tensor | None = None,
+            stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
     :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d);
-    ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8].
-    Returns o and lse2 (log2 units)."""
+    ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8];
+    ``stamps``, ``stamp_at``: time stamps of one tile, as :func:`flashlab.kernels.fa3.forward`
+    takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer). Returns o and lse2 (log2
+    units)."""
     rescaling = _rescaling(rescale_threshold)
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
@@ -377,6 +409,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                          f"got {o.dtype} {tuple(o.shape)}")
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
+    stamping = {}
+    if stamps is not None:
+        want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(fa3.STAMP_PHASES), 3, 2)
+        if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
+            raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
+                             f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
+        stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
     f8 = gl.float8e4nv
     q_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_M"], D], f8)
     k_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_N"], D], f8)
@@ -388,7 +427,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     n_programs, deal = fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
                                    scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
-                                   PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+                                   PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, **stamping,
+                                   num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
     return o, lse2
 
 
@@ -421,16 +461,18 @@ def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
                  out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None,
-                 rescale_threshold: float | None = RESCALE_THRESHOLD):
+                 rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: bool = False):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
-    ``pingpong``, ``overlap``, ``rescale_threshold`` as :func:`forward` takes them."""
+    ``pingpong``, ``overlap``, ``rescale_threshold`` as :func:`forward` takes them; ``stamps``:
+    the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = config(d)
     f8 = gl.float8e4nv
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
     constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
-                      OVERLAP=overlap, **_rescaling(rescale_threshold), **c)
+                      OVERLAP=overlap, **_rescaling(rescale_threshold), **c, STAMP_AT=0,
+                      STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
     signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
                  "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),
                  "desc_vt": fa3.tensor_descriptor_type(f8, [d, c["BLOCK_N"]]),
@@ -438,5 +480,7 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
                  "O": f"*{_GL_OUT[out_dtype]}", "LSE": "*fp32", "QD": "*fp32", "KD": "*fp32", "VD": "*fp32",
                  "NQB": "i32", "NKB": "i32", "N_Q": "i32", "N_K": "i32", "BH": "i32", "DEAL": "i32",
                  "qk_scale": "fp32",
-                 **{k: "constexpr" for k in constexprs}}
-    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, (4, 5, 6, 7, 8), fa3.NUM_WARPS, fa3.MAXNREG)
+                 **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
+    pointers = tuple(_fa3_fp8_kernel.arg_names.index(name)
+                     for name in ("O", "LSE", "QD", "KD", "VD") + (("STAMP",) if stamps else ()))
+    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, pointers, fa3.NUM_WARPS, fa3.MAXNREG)

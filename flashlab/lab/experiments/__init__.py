@@ -46,6 +46,7 @@ EXPERIMENTS: dict[str, str] = {
     "fp8pipeline": "flashlab.lab.experiments.fp8:pipelines",
     "fa4": "flashlab.lab.experiments.fa4:run",
     "fa3timeline": "flashlab.lab.experiments.fa3_timeline:run",
+    "fp8timeline": "flashlab.lab.experiments.fa3_timeline:run_fp8",
     "fa3bwdtimeline": "flashlab.lab.experiments.fa3_backward_timeline:run",
     "fa3switches": "flashlab.lab.experiments.fa3:switches",
     "fp8switches": "flashlab.lab.experiments.fa3:fp8_switches",

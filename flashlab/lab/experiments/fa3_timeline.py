@@ -19,6 +19,11 @@ query tile 0 of batch-head B H / 2, which a persistent program takes mid-run (it
 stamp) and ``.json`` (the provenance, the clock rate, the stamped and unstamped kernel's median
 time, and the two ping-pong checks of :func:`interleaving`). About half a minute on an H200,
 most of it the two compiles.
+
+    python -m flashlab.lab.experiments fp8timeline --out results
+
+does the same for the FP8 kernel (:mod:`flashlab.kernels.fa3_fp8`, its default switches) on
+the same inputs quantised: ``fa3_fp8_timeline_<gpu>``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from flashlab.kernels import fa3
 from flashlab.lab.measure import gpu_tag, paper_shape, provenance, time_ms
 
 __all__ = ["COLUMNS", "D", "N", "gemm_us", "interleaving", "period", "phase_means", "phases", "program_order", "run",
-           "stamped_forward"]
+           "run_fp8", "stamped_forward", "stamped_fp8_forward"]
 
 D, N = 128, 8192  # the paper's ablation shape (FA3 §4.3)
 COLUMNS = ("partition", "block", "phase", "start_us", "end_us")
@@ -56,6 +61,27 @@ def stamped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n_blocks = triton.cdiv(k.shape[2], c["BLOCK_N"])
     stamps = torch.zeros((n_blocks + 1, len(fa3.STAMP_PHASES), 3, 2), device=q.device, dtype=torch.int64)
     o, lse2 = fa3.forward(q, k, v, False, pingpong=True, overlap=True, stamps=stamps, stamp_at=tile + bh * grid[0])
+    return o, lse2, stamps
+
+
+def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0)
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`flashlab.kernels.fa3_fp8.forward` (non-causal, its default switches) built with time
+    stamps, ``pre`` the inputs as :func:`flashlab.kernels.fp8.quantize_qkv` returns them, tile
+    ``at`` = (query tile, batch-head) stamping. Returns o, lse2 and the stamps as
+    :func:`stamped_forward` does, in the same phases (P becomes e4m3 inside "issue_pv", so the
+    FP8 kernel's "convert" only hands P over)."""
+    from flashlab.kernels import fa3_fp8
+
+    B, H, N_Q, d = pre["q"].shape
+    c = fa3_fp8.config(d)
+    grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
+    tile, bh = at
+    if not (0 <= tile < grid[0] and 0 <= bh < grid[1]):
+        raise ValueError(f"at must name a tile (query tile, batch-head) of {grid}; got {at}")
+    n_blocks = triton.cdiv(pre["k"].shape[2], c["BLOCK_N"])
+    stamps = torch.zeros((n_blocks + 1, len(fa3.STAMP_PHASES), 3, 2), device=pre["q"].device, dtype=torch.int64)
+    o, lse2 = fa3_fp8.forward(**pre, causal=False, stamps=stamps, stamp_at=tile + bh * grid[0])
     return o, lse2, stamps
 
 
@@ -167,9 +193,13 @@ def gemm_us(tflops: float, gemms: int = 1, sm_count: int = 132) -> float:
     return gemms * flops / (tflops * 1e12 / sm_count) * 1e6
 
 
-def run(out: Path) -> list[Path]:
+def run(out: Path, fp8: bool = False) -> list[Path]:
     """Stamp one tile at the paper's shape, check the output against the unstamped kernel, time
-    both, and write ``fa3_timeline_<gpu>.csv/.json`` under ``out``."""
+    both, and write ``fa3_timeline_<gpu>.csv/.json`` under ``out`` (``fp8``: the FP8 kernel on
+    the same inputs quantised, one descale per 128 rows of Q and K and per head of V, with its
+    default switches: ``fa3_fp8_timeline_<gpu>``)."""
+    from flashlab.kernels import fa3_fp8
+    from flashlab.kernels.fp8 import quantize_qkv
     from flashlab.lab.experiments import COMMAND, require_gpu
     from flashlab.lab.results import write
 
@@ -178,32 +208,47 @@ def run(out: Path) -> list[Path]:
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(B, H, N, D, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
     at = (0, B * H // 2)
+    if fp8:
+        pre = quantize_qkv(q, k, v, block=128, v_block=None)
+        stamped = lambda: stamped_fp8_forward(pre, at=at)  # noqa: E731
+        plain = lambda: fa3_fp8.forward(**pre, causal=False)  # noqa: E731
+        name, kernel = "fa3_fp8_timeline", {"dtype": "float8_e4m3fn", "switches": fa3_fp8.SWITCHES[D]}
+    else:
+        stamped = lambda: stamped_forward(q, k, v, at=at)  # noqa: E731
+        plain = lambda: fa3.forward(q, k, v, False, pingpong=True, overlap=True)  # noqa: E731
+        name, kernel = "fa3_timeline", {"dtype": "bfloat16"}
     for _ in range(3):  # compile, then warm the clocks and caches; the last run's stamps are kept
-        o, lse2, stamps = stamped_forward(q, k, v, at=at)
+        o, lse2, stamps = stamped()
     torch.cuda.synchronize()
-    o_plain, lse_plain = fa3.forward(q, k, v, False, pingpong=True, overlap=True)
+    o_plain, lse_plain = plain()
     same = bool(torch.equal(o, o_plain)) and bool(torch.equal(lse2, lse_plain))
     s = stamps.cpu().numpy()
     rate = _ns_per_cycle(s)
     rows = phases(s, rate)
     ticks = np.diff(np.unique(s[..., 0][s[..., 0] > 0]))
-    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("__main__.py") else ["fa3timeline", "--out", str(out)]
+    command = "fp8timeline" if fp8 else "fa3timeline"
+    argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("__main__.py") else [command, "--out", str(out)]
     meta = provenance(" ".join([COMMAND, *argv]))
     meta.update({
-        "shape": {"B": B, "H": H, "N": N, "d": D, "dtype": "bfloat16", "causal": False},
+        "shape": {"B": B, "H": H, "N": N, "d": D, **kernel, "causal": False},
         "stamped_program": {"query_tile": at[0], "batch_head": at[1], "key_blocks": s.shape[0] - 1},
         "clock": "%clock64 of the SM (one counter for all partitions), scaled by a least-squares fit "
                  "against %globaltimer over the tile's stamps",
         "ns_per_cycle": round(rate, 5), "sm_clock_ghz": round(1 / rate, 3),
         "globaltimer_smallest_step_ns": int(ticks.min()) if ticks.size else None,
-        "stamped_ms": round(time_ms(lambda: stamped_forward(q, k, v, at=at), "cuda"), 4),
-        "unstamped_ms": round(time_ms(lambda: fa3.forward(q, k, v, False, pingpong=True, overlap=True), "cuda"), 4),
+        "stamped_ms": round(time_ms(stamped, "cuda"), 4),
+        "unstamped_ms": round(time_ms(plain, "cuda"), 4),
         "output_equals_unstamped": same,
         **interleaving(rows),
     })
-    paths = write(f"fa3_timeline_{gpu_tag()}", rows, meta, out)
+    paths = write(f"{name}_{gpu_tag()}", rows, meta, out)
     for p in paths:
         print(p, flush=True)
     print({k: meta[k] for k in ("sm_clock_ghz", "stamped_ms", "unstamped_ms", "output_equals_unstamped",
                                  "softmax_alternation", "softmax_under_other_gemm")}, flush=True)
     return paths
+
+
+def run_fp8(out: Path) -> list[Path]:
+    """:func:`run` for the FP8 kernel (``python -m flashlab.lab.experiments fp8timeline``)."""
+    return run(out, fp8=True)

@@ -16,6 +16,7 @@
 #   broken  change 18's staircase test against two broken kernels (both should fail)
 #   cr      run 20: the conditional-rescaling tests, held to the float64 emulation of the kernel
 #   tauto   run 20: "auto" and the Gluon forward's refusals (test_kernels.py), verbose, with durations
+#   ts8     the FP8 kernel's time stamps: their GPU test, then one stamped tile (fp8timeline)
 #   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
 #   b128, b64  the kernel bench chapters 5 and 9 read, with flashlab_fa3 and the FP8 forward
 # Before a call: git rev-parse HEAD > device_commit.txt; git diff > device_tree.diff (in this
@@ -38,7 +39,7 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
-KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto variants b128 b64"
+KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D"; } > $OUT/s1/gpu.txt 2>&1
@@ -69,6 +70,8 @@ e.fp8_switches(sys.argv[1])
   cr) step cr 150 $GLUON -v -k "conditional_rescaling" ;;
   tauto) step tauto 320 python -m pytest tests/test_kernels.py -v -p no:cacheprovider --durations=0 \
       -k "gpu_auto or gpu_gluon_refuses" ;;
+  ts8) step ts8 150 bash -c "$GLUON -v -k fp8_time_stamps_take_every_phase; a=\$?
+      python -m flashlab.lab.experiments fp8timeline --out $OUT/ts8; exit \$(( a | \$? ))" ;;
   broken) broken 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' 's/    if rescale:$/    if not rescale:/' ;;
   variants) mkdir -p variants/cur && cp -r flashlab variants/cur/
     step variants 240 python -m flashlab.lab.experiments.fa3_backward_variants variants/cur --rounds 3 --out $OUT/variants ;;
