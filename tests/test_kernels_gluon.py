@@ -346,6 +346,17 @@ def test_time_stamps_are_compiled_only_when_asked():
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
 
 
+def test_stamp_args_check_the_buffer():
+    """One check for every Gluon kernel's stamp buffer (the forward, the FP8 forward, the
+    backward): none means no stamping; a buffer of another shape or dtype is refused by name."""
+    assert fa3.stamp_args(None, 3, (2, 3), torch.device("cpu")) == {}
+    good = torch.zeros((2, 3), dtype=torch.int64)
+    assert fa3.stamp_args(good, 3, (2, 3), torch.device("cpu")) == dict(STAMP=good, STAMP_AT=3, STAMPS=True)
+    for bad in (torch.zeros((3, 2), dtype=torch.int64), torch.zeros((2, 3), dtype=torch.int32)):
+        with pytest.raises(ValueError, match=r"stamps must be an int64 tensor of shape \(2, 3\)"):
+            fa3.stamp_args(bad, 0, (2, 3), torch.device("cpu"))
+
+
 def test_fp8_time_stamps_are_compiled_only_when_asked():
     """The FP8 kernel's STAMPS build reads both clocks and keeps its key-block loops free of local
     memory; its default build reads neither."""

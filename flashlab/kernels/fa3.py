@@ -66,7 +66,7 @@ _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
 __all__ = ["AUTO_HEAD_DIMS", "CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "SWITCHES", "check_build",
            "check_shapes", "compile_for_sm90", "compile_sm90", "config", "consumer_count", "fa3_forward", "forward",
-           "supported", "switches", "tensor_descriptor_type"]
+           "stamp_args", "supported", "switches", "tensor_descriptor_type"]
 
 GLUON_IMPL = "gluon"  # the name flash_attention(impl=...) can give this kernel
 HEAD_DIMS = (64, 128, 256)
@@ -184,6 +184,19 @@ def _stamp(STAMP, here, PART: gl.constexpr, PHASE: gl.constexpr, j, STAMPS: gl.c
         slot = STAMP + ((j * SLOTS + PHASE) * PARTS + PART) * 2
         gl.store(slot, ns, mask=here)
         gl.store(slot + 1, cycles, mask=here)
+
+
+def stamp_args(stamps: torch.Tensor | None, stamp_at: int, want: tuple[int, ...],
+               device: torch.device) -> dict[str, object]:
+    """The launch arguments of a build with time stamps (:func:`_stamp`) for an int64 ``stamps``
+    buffer of shape ``want`` on ``device``, tile or program ``stamp_at`` stamping; {} without
+    ``stamps``. ValueError naming the buffer when it has another shape, dtype or device."""
+    if stamps is None:
+        return {}
+    if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != device:
+        raise ValueError(f"stamps must be an int64 tensor of shape {want} on {device}; "
+                         f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
+    return dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
 
 
 @gluon.jit
@@ -733,15 +746,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     n_consumers = consumer_count(D, pingpong, overlap, causal, consumers)
     n_programs, deal = programs(triton.cdiv(N_Q, n_consumers * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     grid = (n_programs,)
-    stamping = {}
-    if stamps is not None:
-        if n_consumers != 2:
-            raise ValueError(f"stamps need two consumer warpgroups (their slots); got consumers = {n_consumers}")
-        want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(STAMP_PHASES), 3, 2)
-        if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
-            raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
-                             f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
-        stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
+    if stamps is not None and n_consumers != 2:
+        raise ValueError(f"stamps need two consumer warpgroups (their slots); got consumers = {n_consumers}")
+    stamping = stamp_args(stamps, stamp_at, (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(STAMP_PHASES), 3, 2), q.device)
     _fa3_kernel[grid](*_descriptors(q, k, v, o), o, lse2, N_Q, N_K, B * H, deal, scale * LOG2E,  # scale * log2(e)
                       CAUSAL=bool(causal), PINGPONG=pingpong, OVERLAP=overlap, CONSUMERS=n_consumers, **c,
                       **stamping, num_warps=NUM_WARPS, maxnreg=MAXNREG if n_consumers == 2 else MAXNREG_3)

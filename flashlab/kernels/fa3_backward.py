@@ -52,7 +52,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LOG2E
 from .fa3 import (_GL_DTYPES, DTYPES, _stamp, _tma_add, _tma_load, check_build, check_shapes,
-                  compile_for_sm90, tensor_descriptor_type)
+                  compile_for_sm90, stamp_args, tensor_descriptor_type)
 
 __all__ = ["BLOCK_M", "HEAD_DIMS", "STAMP_PARTS", "STAMP_PHASES", "backward", "compile_sm90", "config", "finish",
            "prepare", "supported"]
@@ -463,15 +463,9 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     grid = (triton.cdiv(N_K, 2 * BLOCK_M), B * H)
-    stamping = {}
-    if stamps is not None:
-        want = (n_pad // BLOCK_M, len(STAMP_PHASES), 2, 2)
-        if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
-            raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
-                             f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
-        if not 0 <= stamp_at < grid[0] * grid[1]:
-            raise ValueError(f"stamp_at must name one of the {grid[0] * grid[1]} programs; got {stamp_at}")
-        stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
+    stamping = stamp_args(stamps, stamp_at, (n_pad // BLOCK_M, len(STAMP_PHASES), 2, 2), q.device)
+    if stamping and not 0 <= stamp_at < grid[0] * grid[1]:
+        raise ValueError(f"stamp_at must name one of the {grid[0] * grid[1]} programs; got {stamp_at}")
     _fa3_backward_kernel[grid](*_descriptors(q, do, k, v, lse, delta, dq_acc), dk, dv, N_Q, N_K, n_pad,
                                scale * LOG2E, scale, CAUSAL=bool(causal), **config(D), **stamping,
                                num_warps=NUM_WARPS, maxnreg=MAXNREG)

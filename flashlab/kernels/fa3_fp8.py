@@ -409,13 +409,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                          f"got {o.dtype} {tuple(o.shape)}")
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     c = config(D)
-    stamping = {}
-    if stamps is not None:
-        want = (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(fa3.STAMP_PHASES), 3, 2)
-        if tuple(stamps.shape) != want or stamps.dtype != torch.int64 or stamps.device != q.device:
-            raise ValueError(f"stamps must be an int64 tensor of shape {want} on {q.device}; "
-                             f"got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
-        stamping = dict(STAMP=stamps, STAMP_AT=int(stamp_at), STAMPS=True)
+    stamping = fa3.stamp_args(stamps, stamp_at, (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(fa3.STAMP_PHASES), 3, 2),
+                              q.device)
     f8 = gl.float8e4nv
     q_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_M"], D], f8)
     k_layout = gl.NVMMASharedLayout.get_default_for([c["BLOCK_N"], D], f8)

@@ -52,16 +52,23 @@ def stamped_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     stamps, tile ``at`` = (query tile, batch-head) stamping. Returns o and lse2 as ``forward``
     does, and the stamps, int64 (n_blocks + 1, len(STAMP_PHASES), 3 partitions, 2): (%globaltimer
     ns, %clock64 cycles) where the partition began that phase of that key block, 0 where none."""
-    B, H, N_Q, d = q.shape
-    c = fa3.config(d)
+    stamps, stamp_at = _stamp_buffer(q, k, fa3.config(q.shape[-1]), at)
+    o, lse2 = fa3.forward(q, k, v, False, pingpong=True, overlap=True, stamps=stamps, stamp_at=stamp_at)
+    return o, lse2, stamps
+
+
+def _stamp_buffer(q: torch.Tensor, k: torch.Tensor, c: dict, at: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    """A zeroed int64 stamp buffer (n_blocks + 1, len(STAMP_PHASES), 3, 2) for q (B, H, N_q, d)
+    and k (B, H, N_k, d) in tiles of ``c`` (a kernel's config), and the persistent kernels'
+    number of tile ``at`` = (query tile, batch-head), which must be one of the grid's."""
+    B, H, N_Q, _ = q.shape
     grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
     tile, bh = at
     if not (0 <= tile < grid[0] and 0 <= bh < grid[1]):
         raise ValueError(f"at must name a tile (query tile, batch-head) of {grid}; got {at}")
     n_blocks = triton.cdiv(k.shape[2], c["BLOCK_N"])
     stamps = torch.zeros((n_blocks + 1, len(fa3.STAMP_PHASES), 3, 2), device=q.device, dtype=torch.int64)
-    o, lse2 = fa3.forward(q, k, v, False, pingpong=True, overlap=True, stamps=stamps, stamp_at=tile + bh * grid[0])
-    return o, lse2, stamps
+    return stamps, tile + bh * grid[0]
 
 
 def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0)
@@ -73,15 +80,8 @@ def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0)
     FP8 kernel's "convert" only hands P over)."""
     from flashlab.kernels import fa3_fp8
 
-    B, H, N_Q, d = pre["q"].shape
-    c = fa3_fp8.config(d)
-    grid = (triton.cdiv(N_Q, 2 * c["BLOCK_M"]), B * H)
-    tile, bh = at
-    if not (0 <= tile < grid[0] and 0 <= bh < grid[1]):
-        raise ValueError(f"at must name a tile (query tile, batch-head) of {grid}; got {at}")
-    n_blocks = triton.cdiv(pre["k"].shape[2], c["BLOCK_N"])
-    stamps = torch.zeros((n_blocks + 1, len(fa3.STAMP_PHASES), 3, 2), device=pre["q"].device, dtype=torch.int64)
-    o, lse2 = fa3_fp8.forward(**pre, causal=False, stamps=stamps, stamp_at=tile + bh * grid[0])
+    stamps, stamp_at = _stamp_buffer(pre["q"], pre["k"], fa3_fp8.config(pre["q"].shape[-1]), at)
+    o, lse2 = fa3_fp8.forward(**pre, causal=False, stamps=stamps, stamp_at=stamp_at)
     return o, lse2, stamps
 
 
