@@ -62,6 +62,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
     try:
         if dtype == "float8_e4m3fn" and pingpong == "theta2":  # the FP8 kernel, rescale_threshold = 2
             k = fa3_fp8.compile_sm90(d, causal, rescale_threshold=2)
+        elif dtype == "float8_e4m3fn" and pingpong == "poly0.5":  # the FP8 kernel, poly_fraction = 1/2
+            k = fa3_fp8.compile_sm90(d, causal, poly_fraction=0.5)
         elif dtype == "float8_e4m3fn" and pingpong == "stamps":  # the FP8 kernel with time stamps
             k = fa3_fp8.compile_sm90(d, causal, stamps=True)
         elif dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
@@ -108,6 +110,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
     wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
     wanted += [("float8_e4m3fn", 128, False, "stamps")]
+    wanted += [("float8_e4m3fn", d, False, "poly0.5") for d in (64, 128)]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
     wanted += [("bfloat16", d, c, None) for d in (64, 128) for c in (False, True)]
@@ -563,6 +566,32 @@ def test_fp8_bad_rescale_threshold_names_the_argument(theta):
         fa3_fp8.forward(x, x, x, False, rescale_threshold=theta)
 
 
+@pytest.mark.parametrize("fraction", [-0.1, 1.5, True, "0.5", float("nan")])
+def test_fp8_bad_poly_fraction_names_the_argument(fraction):
+    x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
+    with pytest.raises(ValueError, match=r"poly_fraction must be a number in \[0, 1\]"):
+        fa3_fp8.forward(x, x, x, False, poly_fraction=fraction)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_software_exp_takes_exponentials_off_the_mufu(d):
+    """poly_fraction = 1/2: the key-block loop of each consumer computes half of P's exp2 on the
+    special-function unit (MUFU.EX2) and half with the cubic's three FFMAs each, and touches no
+    local memory; the default build runs every exp2 on MUFU.EX2."""
+    default = _sass(_compiled(torch.float8_e4m3fn, d, False, True).asm["cubin"])
+    poly = _sass(_compiled(torch.float8_e4m3fn, d, False, "poly0.5").asm["cubin"])
+    if not poly:
+        pytest.skip("needs cuobjdump")
+    scores = fa3.BLOCK_M * fa3.BLOCK_N // 128  # P's elements per thread in one key block
+    for loop_default, loop_poly in zip(key_block_loops(default), key_block_loops(poly), strict=True):
+        ex2 = [sum(op.startswith("MUFU.EX2") for op in body) for body in (loop_default, loop_poly)]
+        ffma = [sum(op.startswith("FFMA") for op in body) for body in (loop_default, loop_poly)]
+        assert scores <= ex2[0] <= scores + 4, ex2  # P, and the few alpha = exp2(m - m_new)
+        assert ex2[1] == ex2[0] - scores // 2, ex2
+        assert ffma[1] >= ffma[0] + 3 * scores // 2, ffma
+    assert not _local_accesses(key_block_loops(poly))
+
+
 def test_fp8_v_layout_matches_the_key_order():
     """wgmma_v(v)[..., :, k] is v's key key_order[k] (zero past N_k), whatever v's strides; the
     order is _as_operand's: within 16 keys, column k = 8 c2 + 4 c1 + 2 c3 + c0 holds key
@@ -778,6 +807,21 @@ def test_fp8_other_switches_match_too(case, pingpong, overlap):
     row = experiment.fp8_check_case(*case, pingpong=pingpong, overlap=overlap)
     assert row["ok"], f"{case}: {row}"
     race = experiment.fp8_race_check(d=case[4], causal=case[5], pingpong=pingpong, overlap=overlap)
+    assert race["ok"], race
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("poly_fraction", [0.25, 1.0])
+@pytest.mark.parametrize("case", experiment.FP8_CASES, ids=str)
+def test_fp8_software_exp_matches(case, poly_fraction):
+    """P's exp2 in software on a quarter of its columns, and on all of them: as
+    test_fp8_matches_dequantised_reference (the cubic's error, below 1e-4 relative, is far under
+    e4m3's rounding of P), and race-free."""
+    row = experiment.fp8_check_case(*case, poly_fraction=poly_fraction)
+    assert row["ok"], f"{case}: {row}"
+    race = experiment.fp8_race_check(d=case[4], causal=case[5], poly_fraction=poly_fraction)
     assert race["ok"], race
 
 

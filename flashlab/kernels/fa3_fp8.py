@@ -75,6 +75,10 @@ SWITCHES = {64: (False, True), 128: (False, True)}
 # flashlab.reference.rescale.conditional_attention with row_group = Br. None (the default):
 # rescale at every block.
 RESCALE_THRESHOLD = None
+# FlashAttention-4's software exp2 (chapter 7), ``poly_fraction``: the share of P's exponentials
+# computed by a cubic on the FMA pipes instead of the special-function unit, realised as 1/2^s
+# (flashlab.kernels.fa4.poly_shift). 0 (the default): all on the special-function unit.
+POLY_FRACTION = {64: 0.0, 128: 0.0}
 
 
 def config(d: int) -> dict:
@@ -118,12 +122,13 @@ def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
-                      THETA: gl.constexpr, SHIFT: gl.constexpr):
+                      THETA: gl.constexpr, SHIFT: gl.constexpr, EXP_POLY: gl.constexpr = -1):
     """:func:`.fa3._softmax_step` for the FP8 kernel: S (Br, Bc), m, l (Br,) in log2 units.
     Returns P = 2^SHIFT exp2(S * scale - m_new) (Br, Bc), m_new, l_new, alpha = exp2(m - m_new)
     (Br,) and whether O must be rescaled (a scalar; True when THETA < 0). THETA >= 0: conditional
     rescaling, m_new = m unless some row of the warpgroup rose above its m by more than THETA.
-    Only rows below N_Q vote: past the last query the tile's rows are the next head's."""
+    Only rows below N_Q vote: past the last query the tile's rows are the next head's.
+    EXP_POLY: P's exp2 in software on Bc / 2^EXP_POLY of the columns (:func:`.fa3._exp2_tile`)."""
     s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
     m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
     rescale = True
@@ -133,7 +138,7 @@ def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_sc
         rise = gl.reduce(gl.where(rises, m_new - m_i, 0.0), 0, fa3._maximum)  # over the Br rows
         rescale = rise > THETA
         m_new = gl.where(rescale, m_new, m_i)  # every row keeps its m, or every row moves
-    p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT)
+    p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT, EXP_POLY)
     return p, m_new, l_i, alpha, rescale
 
 
@@ -164,7 +169,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                   PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                   SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
-                  STAMPS: gl.constexpr = False):
+                  STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
     program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
     (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax).
@@ -218,7 +223,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         fa3._stamp(STAMP, here, WG, fa3._SOFTMAX, 0, STAMPS)
         p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_Q, N_K, causal_offset, f,
                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
-                                                        CAUSAL, THETA, SHIFT)
+                                                        CAUSAL, THETA, SHIFT, EXP_POLY)
         fa3._stamp(STAMP, here, WG, fa3._CONVERT, 0, STAMPS)
 
         for j in range(1, n_blocks):
@@ -252,7 +257,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             fa3._stamp(STAMP, here, WG, fa3._SOFTMAX, j, STAMPS)
             p_next, m_i, l_i, alpha, rescale = _fp8_softmax_step(
                 s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, f,
-                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT)
+                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT, EXP_POLY)
             # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
             fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, j - 1, STAMPS)
@@ -294,7 +299,7 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                     PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                     SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
-                    STAMPS: gl.constexpr = False):
+                    STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
     (B * H * d, N_k), O as (B * H * N_q, d). STAMPS: tile STAMP_AT writes the time stamps of its
     phases into STAMP (:func:`.fa3._stamp`), as the bf16 kernel's do."""
@@ -303,13 +308,22 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
     gl.warp_specialize([
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS)),
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY)),
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS)),
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY)),
         (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS)),
     ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
+
+
+def _exp_poly(d: int, poly_fraction: object) -> int:
+    """The kernel's EXP_POLY for ``poly_fraction`` (None: :data:`POLY_FRACTION` at d): -1 for 0,
+    else s, the polynomial taking 1/2^s of P's columns (:func:`flashlab.kernels.fa4.poly_shift`:
+    a number in [0, 1], rounded to 1, 1/2, 1/4 or 1/8)."""
+    from .fa4 import poly_shift
+
+    return poly_shift(POLY_FRACTION.get(d, 0.0) if poly_fraction is None else poly_fraction)
 
 
 def _rescaling(rescale_threshold: object) -> dict[str, float]:
@@ -385,19 +399,23 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             out: torch.Tensor | None = None, pingpong: bool | None = None,
             overlap: bool | None = None,
             rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: torch.Tensor | None = None,
-            stamp_at: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+            stamp_at: int = 0, poly_fraction: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
     :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d);
     ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8];
     ``stamps``, ``stamp_at``: time stamps of one tile, as :func:`flashlab.kernels.fa3.forward`
-    takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer). Returns o and lse2 (log2
-    units)."""
+    takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer); ``poly_fraction``: the share
+    of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d). Returns o and
+    lse2 (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
+    if poly_fraction is not None:
+        _exp_poly(0, poly_fraction)  # checked before the tensors are
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
     scale = check_scale(scale, D)
     pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
+    exp_poly = _exp_poly(D, poly_fraction)
     qd = _descale("q_descale", q_descale, q_block, B, H, N_Q, q.device)
     kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
     vd = _descale("v_descale", v_descale, None, B, H, N_K, q.device)
@@ -422,7 +440,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     n_programs, deal = fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
                                    scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
-                                   PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, **stamping,
+                                   PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, **stamping, EXP_POLY=exp_poly,
                                    num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
     return o, lse2
 
@@ -456,9 +474,10 @@ def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
                  out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None,
-                 rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: bool = False):
+                 rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: bool = False,
+                 poly_fraction: float | None = None):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
-    ``pingpong``, ``overlap``, ``rescale_threshold`` as :func:`forward` takes them; ``stamps``:
+    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction`` as :func:`forward` takes them; ``stamps``:
     the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
@@ -467,6 +486,7 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
     constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
                       OVERLAP=overlap, **_rescaling(rescale_threshold), **c, STAMP_AT=0,
+                      EXP_POLY=_exp_poly(d, poly_fraction),
                       STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
     signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
                  "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),

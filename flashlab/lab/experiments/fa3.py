@@ -410,7 +410,8 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     """The contenders of one shape of :func:`fp8_switches`: cuDNN and the Gluon forward in bf16
     (its default), the Triton FP8 kernel, and the Gluon FP8 kernel under each setting of its two
     switches (``fp8_`` + :func:`switch_name`), and its default with conditional rescaling
-    (``_theta2``, ``_theta8``: ``rescale_threshold`` 2 and 8), on inputs quantised once (Q, K
+    (``_theta2``, ``_theta8``: ``rescale_threshold`` 2 and 8) or with software exp2 on a share of
+    P (``_poly0.25``: ``poly_fraction`` 1/4; ping-pong on with 1/2 too), on inputs quantised once (Q, K
     per :data:`FP8_BLOCK` rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
     from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
@@ -428,6 +429,10 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     for theta in (2, 8):
         fns["fp8_" + switch_name(p0, o0) + f"_theta{theta}"] = (
             lambda t=theta: fp8_forward(**pre, causal=causal, pingpong=p0, overlap=o0, rescale_threshold=t))
+    for pingpong, fraction in ((p0, 0.125), (p0, 0.25), (p0, 0.5), (True, 0.5)):  # software exp2 (FA4)
+        fns["fp8_" + switch_name(pingpong, o0) + f"_poly{fraction:g}"] = (
+            lambda p=pingpong, f=fraction: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o0,
+                                                       poly_fraction=f))
     return fns
 
 
@@ -593,7 +598,8 @@ def _staircase(q: torch.Tensor, k: torch.Tensor, rise: float, seed: int) -> tupl
 
 def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, seed: int = 0,
                    pingpong: bool | None = None, overlap: bool | None = None,
-                   rescale_threshold: float | None = None, staircase: float = 0.0) -> dict[str, object]:
+                   rescale_threshold: float | None = None, staircase: float = 0.0,
+                   poly_fraction: float | None = None) -> dict[str, object]:
     """The Gluon FP8 forward against float64 attention of its dequantised inputs (RMSE), beside the
     Triton FP8 kernel on the same inputs and beside an emulation of the Gluon kernel's own rounding
     of P (:func:`fp8_emulated_rmse`); lse against the reference's. ok: RMSE at most 1.25x the
@@ -601,7 +607,8 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     (conditional rescaling, which loses up to 2x against rescaling at every block on inputs
     built against it), lse within 1e-3 relative, -inf exactly where a row sees no key.
     ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES);
-    ``rescale_threshold``: conditional rescaling (None: rescale at every block); ``staircase``:
+    ``rescale_threshold``: conditional rescaling (None: rescale at every block); ``poly_fraction``:
+    the share of P's exp2 in software (None: fa3_fp8.POLY_FRACTION); ``staircase``:
     scores whose block maxima climb this much a key block (:func:`_staircase`), where conditional
     rescaling keeps a stale maximum for blocks on end."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
@@ -612,7 +619,7 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     o_ref, lse_ref = attention(*deq, causal=causal, return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
     o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap,
-                          rescale_threshold=rescale_threshold)
+                          rescale_threshold=rescale_threshold, poly_fraction=poly_fraction)
     lse = lse2 * LN2
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
@@ -656,12 +663,13 @@ def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
 
 def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
                    pingpong: bool | None = None, overlap: bool | None = None,
-                   rescale_threshold: float | None = None) -> dict[str, object]:
+                   rescale_threshold: float | None = None, poly_fraction: float | None = None) -> dict[str, object]:
     """The FP8 kernel twice on the same inputs gives identical bits; a NaN-filled output is overwritten."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
 
     pre = _fp8_inputs(B, H, n, n, d, 1)
-    switched = dict(causal=causal, pingpong=pingpong, overlap=overlap, rescale_threshold=rescale_threshold)
+    switched = dict(causal=causal, pingpong=pingpong, overlap=overlap, rescale_threshold=rescale_threshold,
+                    poly_fraction=poly_fraction)
     o1, lse1 = fp8_forward(**pre, **switched)
     poisoned = torch.full_like(o1, float("nan"))
     o2, lse2 = fp8_forward(**pre, **switched, out=poisoned)

@@ -17,6 +17,8 @@
 #   cr      run 20: the conditional-rescaling tests, held to the float64 emulation of the kernel
 #   tauto   run 20: "auto" and the Gluon forward's refusals (test_kernels.py), verbose, with durations
 #   ts8     the FP8 kernel's time stamps: their GPU test, then one stamped tile (fp8timeline)
+#   ts8pp   the same stamped tile with ping-pong on (fa3_fp8.SWITCHES[128] = (True, True))
+#   tpoly   run 21: the FP8 kernel with software exp2 on a quarter and on all of P (GPU tests)
 #   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
 #   b128, b64  the kernel bench chapters 5 and 9 read, with flashlab_fa3 and the FP8 forward
 # Before a call: git rev-parse HEAD > device_commit.txt; git diff > device_tree.diff (in this
@@ -39,7 +41,7 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
-KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 variants b128 b64"
+KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D"; } > $OUT/s1/gpu.txt 2>&1
@@ -59,7 +61,7 @@ for s in $STEPS; do case $s in
       -o $OUT/ncu/fp8 env PYTHONPATH=$PWD python ncu_fp8.py && ncu -i $OUT/ncu/fp8.ncu-rep --page details > $OUT/ncu/details.txt \
       && ncu -i $OUT/ncu/fp8.ncu-rep --page source --csv --print-source sass > $OUT/ncu/source_sass.csv" ;;
   t2) step t2 170 $GLUON -k "(fp8 or time_stamps) and not fp8_matches_dequantised and not fp8_race_free" ;;
-  fp8sw) step fp8sw 110 python -c "
+  fp8sw) step fp8sw 200 python -c "
 import sys
 import flashlab.lab.experiments as x
 from flashlab.lab.experiments import fa3 as e
@@ -72,6 +74,17 @@ e.fp8_switches(sys.argv[1])
       -k "gpu_auto or gpu_gluon_refuses" ;;
   ts8) step ts8 150 bash -c "$GLUON -v -k fp8_time_stamps_take_every_phase; a=\$?
       python -m flashlab.lab.experiments fp8timeline --out $OUT/ts8; exit \$(( a | \$? ))" ;;
+  ts8pp) step ts8pp 90 python -c "
+import sys
+from pathlib import Path
+import flashlab.lab.experiments as x
+from flashlab.kernels import fa3_fp8
+from flashlab.lab.experiments import fa3_timeline
+x.COMMAND = 'python -m flashlab.lab.experiments fp8timeline, fa3_fp8.SWITCHES[128] = (True, True)'
+fa3_fp8.SWITCHES[128] = (True, True)
+fa3_timeline.run_fp8(Path(sys.argv[1]))
+" $OUT/ts8pp ;;
+  tpoly) step tpoly 150 $GLUON -v -k software_exp ;;
   broken) broken 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' 's/    if rescale:$/    if not rescale:/' ;;
   variants) mkdir -p variants/cur && cp -r flashlab variants/cur/
     step variants 240 python -m flashlab.lab.experiments.fa3_backward_variants variants/cur --rounds 3 --out $OUT/variants ;;
