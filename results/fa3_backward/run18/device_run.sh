@@ -12,7 +12,8 @@
 #   s256    its speed beside forward.py and SDPA (speed256.py)
 #   ncu     Nsight Compute's stall samples per SASS instruction of both FP8 kernels (ncu_fp8.py)
 #   t2      the other FP8 GPU tests and the time stamps
-#   fp8sw   fp8switches at d = 128 (change 18's theta contenders among them)
+#   fp8sw   fp8switches at d = 128: cuDNN, bf16, FP8 with ping-pong off (default) and on, and run 21's
+#           software-exp contenders
 #   broken  change 18's staircase test against two broken kernels (both should fail)
 #   cr      run 20: the conditional-rescaling tests, held to the float64 emulation of the kernel
 #   tauto   run 20: "auto" and the Gluon forward's refusals (test_kernels.py), verbose, with durations
@@ -65,8 +66,11 @@ for s in $STEPS; do case $s in
 import sys
 import flashlab.lab.experiments as x
 from flashlab.lab.experiments import fa3 as e
-x.COMMAND = 'python -m flashlab.lab.experiments fp8switches, SPEED_D = (128,)'
+x.COMMAND = 'python -m flashlab.lab.experiments fp8switches, SPEED_D = (128,), contenders as device_run.sh step fp8sw keeps'
 e.SPEED_D = (128,)
+every = e.fp8_switch_contenders
+keep = ('cudnn', 'bf16_default', 'fp8_no_pingpong_overlap', 'fp8_pingpong_overlap')
+e.fp8_switch_contenders = lambda *a: {k: f for k, f in every(*a).items() if k in keep or '_poly' in k}
 e.fp8_switches(sys.argv[1])
 " $OUT/fp8sw ;;
   cr) step cr 150 $GLUON -v -k "conditional_rescaling" ;;
