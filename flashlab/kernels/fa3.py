@@ -291,25 +291,9 @@ def _add(a, b):
 
 
 @gluon.jit
-def _row_max_tree(x):
-    """rowmax(x) (Br,) of x (Br, Bc) as a tree: in wgmma's accumulator layout a thread holds
-    columns 8 i + 2 (t % 4) + {0, 1} of its rows, so halving the columns while more than eight
-    remain takes the maximum of two of a thread's registers at a time, independent of each other
-    (depth log2(Bc / 8)); the last eight columns are combined across the four lanes of the quad.
-    gl.reduce alone chains a row's Bc / 4 registers one after the other."""
-    rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-    for _ in gl.static_range(8):
-        if x.shape[1] > 8:
-            x = gl.reduce(gl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), 1, _maximum)  # col c with c + W/2
-    return gl.convert_layout(gl.reduce(x, 1, _maximum), rows, assert_trivial=True)
-
-
-@gluon.jit
-def _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
-                    TREE: gl.constexpr = False):
+def _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr):
     """S = Q_i K_j^T (Br, Bc) of query rows row0 + [0, Br) and keys start_n + [0, Bc), raw, with
-    -inf where a row must not see a key, and its row maximum (Br,) in log2 units, rowmax(S) * scale
-    (TREE: as :func:`_row_max_tree`)."""
+    -inf where a row must not see a key, and its row maximum (Br,) in log2 units, rowmax(S) * scale."""
     if masked:  # the ragged last block, and the blocks the diagonal crosses
         s_layout: gl.constexpr = s.type.layout
         rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s_layout))  # (Br,) query indices i
@@ -318,11 +302,7 @@ def _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUS
         if CAUSAL:  # bottom-right alignment: query i sees key j iff j <= i + N_k - N_q
             visible = visible & (keys[None, :] <= rows[:, None] + causal_offset)
         s = gl.where(visible, s, float("-inf"))
-    if TREE:
-        row_max = _row_max_tree(s)
-    else:
-        row_max = gl.reduce(s, 1, _maximum)
-    return s, row_max * qk_scale  # scale > 0: the max commutes with it
+    return s, gl.reduce(s, 1, _maximum) * qk_scale  # scale > 0: the max commutes with it
 
 
 @gluon.jit

@@ -132,7 +132,7 @@ def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_sc
     rescaling, m_new = m unless some row of the warpgroup rose above its m by more than THETA.
     Only rows below N_Q vote: past the last query the tile's rows are the next head's.
     EXP_POLY: P's exp2 in software on Bc / 2^EXP_POLY of the columns (:func:`.fa3._exp2_tile`)."""
-    s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL, True)
+    s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
     m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
     rescale = True
     if THETA >= 0:  # rise: how far the warpgroup's maxima passed m (a row's first key: +inf)

@@ -90,7 +90,8 @@ fa3_fp8.SWITCHES[128] = (True, True)
 fa3_timeline.run_fp8(Path(sys.argv[1]))
 " $OUT/ts8pp ;;
   tpoly) step tpoly 150 $GLUON -v -k software_exp ;;
-  tree) step tree 230 env PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/tree ;;
+  tree) P=$D/../run22/change22.patch
+    git apply $P && step tree 230 env PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/tree; git apply -R $P ;;
   broken) broken 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' 's/    if rescale:$/    if not rescale:/' ;;
   variants) mkdir -p variants/cur && cp -r flashlab variants/cur/
     step variants 240 python -m flashlab.lab.experiments.fa3_backward_variants variants/cur --rounds 3 --out $OUT/variants ;;

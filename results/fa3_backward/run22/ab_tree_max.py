@@ -1,14 +1,16 @@
 """Change 22 against the FP8 kernel without it, in one process on one GPU (run 22).
 
+    git apply results/fa3_backward/run22/change22.patch
     PYTHONPATH=. python results/fa3_backward/run22/ab_tree_max.py OUT
+    git apply -R results/fa3_backward/run22/change22.patch
 
-Change 22 (``change22.patch``, beside this file) makes the FP8 kernel's row maximum a tree
-inside each thread (``fa3._row_max_tree``: depth log2(Bc / 8) and two shuffles, where
+(device_run.sh's step ``tree`` does the three.) Change 22 (``change22.patch``, beside this
+file) makes the FP8 kernel's row maximum a tree inside each thread (``fa3._row_max_tree``: depth log2(Bc / 8) and two shuffles, where
 ``gl.reduce`` chains a row's 32 registers one after the other); the row sum keeps its chain,
 which adds each exponential as it comes. The bf16 kernel does not change. ``fp8_chain`` is
-the tree's ``fa3_fp8.py`` with the patch taken back (``git apply -R`` on a copy in a temporary
-folder, loaded as a module of ``flashlab.kernels``; the tree is not touched). Contenders, in
-fa3._time_switches' rotated rounds at AB_D (default 128) x AB_N (default 16k and 4k), causal
+the patched ``fa3_fp8.py`` with its part of the patch taken back (``git apply -R`` on a copy in
+a temporary folder, loaded as a module of ``flashlab.kernels``), beside the patched ``fa3.py``.
+Contenders, in fa3._time_switches' rotated rounds at AB_D (default 128) x AB_N (default 16k and 4k), causal
 and not: ``cudnn`` (SDPA's cuDNN forward), ``bf16`` (the Gluon forward), ``fp8`` (with change
 22), ``fp8_chain`` (without). Before the rounds each shape records whether the two FP8 kernels
 give the same bits (``ab_tree_max_bits.json``; the maximum is exact in any order, so they
