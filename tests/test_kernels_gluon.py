@@ -804,9 +804,15 @@ def test_fp8_matches_dequantised_reference(case):
 def test_fp8_other_switches_match_too(case, pingpong, overlap):
     """The FP8 kernel's settings of its two switches other than its default (fa3_fp8.SWITCHES):
     as test_fp8_matches_dequantised_reference, and race-free."""
-    row = experiment.fp8_check_case(*case, pingpong=pingpong, overlap=overlap)
+    _fp8_matches_and_race_free(case, pingpong=pingpong, overlap=overlap)
+
+
+def _fp8_matches_and_race_free(case: tuple, **kernel) -> None:
+    """fp8_check_case's bounds at ``case``, and the race check at its d and mask, for the FP8
+    kernel built with ``kernel`` (forward's keyword arguments)."""
+    row = experiment.fp8_check_case(*case, **kernel)
     assert row["ok"], f"{case}: {row}"
-    race = experiment.fp8_race_check(d=case[4], causal=case[5], pingpong=pingpong, overlap=overlap)
+    race = experiment.fp8_race_check(d=case[4], causal=case[5], **kernel)
     assert race["ok"], race
 
 
@@ -819,10 +825,7 @@ def test_fp8_software_exp_matches(case, poly_fraction):
     """P's exp2 in software on a quarter of its columns, and on all of them: as
     test_fp8_matches_dequantised_reference (the cubic's error, below 1e-4 relative, is far under
     e4m3's rounding of P), and race-free."""
-    row = experiment.fp8_check_case(*case, poly_fraction=poly_fraction)
-    assert row["ok"], f"{case}: {row}"
-    race = experiment.fp8_race_check(d=case[4], causal=case[5], poly_fraction=poly_fraction)
-    assert race["ok"], race
+    _fp8_matches_and_race_free(case, poly_fraction=poly_fraction)
 
 
 @pytest.mark.gpu
