@@ -190,7 +190,8 @@ def test_switch_contenders_run_the_setting_they_name(monkeypatch):
     default = "fp8_" + experiment.switch_name(*fa3_fp8.SWITCHES[64])
     assert set(fp8_fns) == {"cudnn", "bf16_default", "triton_fp8", "fp8_pingpong_overlap", "fp8_pingpong_no_overlap",
                             "fp8_no_pingpong_overlap", "fp8_no_pingpong_no_overlap", default + "_theta2",
-                            default + "_theta8"}
+                            default + "_theta8", default + "_poly0.125", default + "_poly0.25", default + "_poly0.5",
+                            "fp8_pingpong_overlap_poly0.5"}
     assert experiments.EXPERIMENTS["fp8switches"] == "flashlab.lab.experiments.fa3:fp8_switches"
     for name, fn in [*fns.items(), *((n, f) for n, f in fp8_fns.items() if n.startswith("fp8_"))]:
         if name == "cudnn":
@@ -201,6 +202,8 @@ def test_switch_contenders_run_the_setting_they_name(monkeypatch):
         w = kw.get("consumers", 2)
         name, _, theta = name.partition("_theta")
         assert kw.get("rescale_threshold") == (int(theta) if theta else None), (name, kw)
+        name, _, poly = name.partition("_poly")
+        assert kw.get("poly_fraction") == (float(poly) if poly else None), (name, kw)
         assert experiment.switch_name(kw["pingpong"], kw["overlap"], w) == name.removeprefix("fp8_"), (name, kw)
 
 
