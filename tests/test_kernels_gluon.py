@@ -573,6 +573,14 @@ def test_fp8_bad_poly_fraction_names_the_argument(fraction):
         fa3_fp8.forward(x, x, x, False, poly_fraction=fraction)
 
 
+def test_software_exp_uses_the_triton_kernels_cubic():
+    """The Gluon software exp2 (fa3._poly_exp2) takes fa4's minimax cubic, c0 = 1 and c1..c3."""
+    from flashlab.kernels import fa4
+
+    assert fa4.COEFFICIENTS[0] == 1.0
+    assert (fa3._POLY_C1.value, fa3._POLY_C2.value, fa3._POLY_C3.value) == fa4.COEFFICIENTS[1:]
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_fp8_software_exp_takes_exponentials_off_the_mufu(d):
     """poly_fraction = 1/2: the key-block loop of each consumer computes half of P's exp2 on the
@@ -583,6 +591,7 @@ def test_fp8_software_exp_takes_exponentials_off_the_mufu(d):
     if not poly:
         pytest.skip("needs cuobjdump")
     scores = fa3.BLOCK_M * fa3.BLOCK_N // 128  # P's elements per thread in one key block
+    assert len(key_block_loops(poly)) == len(key_block_loops(default)) == 2  # one loop per consumer
     for loop_default, loop_poly in zip(key_block_loops(default), key_block_loops(poly), strict=True):
         ex2 = [sum(op.startswith("MUFU.EX2") for op in body) for body in (loop_default, loop_poly)]
         ffma = [sum(op.startswith("FFMA") for op in body) for body in (loop_default, loop_poly)]

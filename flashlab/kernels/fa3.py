@@ -45,8 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.language import _core as gl_core
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..reference.softexp import fit_coefficients
 from ._common import LN2, LOG2E, check_scale
+from .fa4 import COEFFICIENTS
 
 # TMA global -> shared copy: triton 3.6 names it async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -65,8 +65,9 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
 # TMA shared -> global add: global[coord + block] += shared, by bulk reduce-adds, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
-# the minimax cubic 2^f ~= 1 + f (c1 + f (c2 + f c3)) on [0, 1] of the software exp2 (_poly_exp2)
-_POLY_C1, _POLY_C2, _POLY_C3 = (gl.constexpr(float(c)) for c in fit_coefficients(3)[1:])
+# the minimax cubic 2^f ~= 1 + f (c1 + f (c2 + f c3)) on [0, 1] of the software exp2 (_poly_exp2),
+# the Triton kernel's (flashlab.kernels.fa4)
+_POLY_C1, _POLY_C2, _POLY_C3 = (gl.constexpr(c) for c in COEFFICIENTS[1:])
 
 __all__ = ["AUTO_HEAD_DIMS", "CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "SWITCHES", "check_build",
            "check_shapes", "compile_for_sm90", "compile_sm90", "config", "consumer_count", "fa3_forward", "forward",

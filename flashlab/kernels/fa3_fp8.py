@@ -78,9 +78,9 @@ RESCALE_THRESHOLD = None
 # FlashAttention-4's software exp2 (chapter 7), ``poly_fraction``: the share of P's exponentials
 # computed by a cubic on the FMA pipes instead of the special-function unit, realised as 1/2^s
 # (flashlab.kernels.fa4.poly_shift). 0 (the default): all on the special-function unit. Each
-# software exp2 is eight instructions where MUFU.EX2 is one, and a consumer's softmax is bound by
-# its chain of instructions, not by the special-function unit: at d = 128 without the mask 1/8,
-# 1/4 and 1/2 lost 2, 5-6 and 13-18 % (results/fa3_backward/run21).
+# software exp2 is nine instructions where MUFU.EX2 is one, and the special-function unit is not
+# this kernel's limit: at d = 128 without the mask 1/8, 1/4 and 1/2 lost 2, 5-6 and 13-18 %
+# (results/fa3_backward/run21).
 POLY_FRACTION = {64: 0.0, 128: 0.0}
 
 

@@ -411,7 +411,8 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     (its default), the Triton FP8 kernel, and the Gluon FP8 kernel under each setting of its two
     switches (``fp8_`` + :func:`switch_name`), and its default with conditional rescaling
     (``_theta2``, ``_theta8``: ``rescale_threshold`` 2 and 8) or with software exp2 on a share of
-    P (``_poly0.25``: ``poly_fraction`` 1/4; ping-pong on with 1/2 too), on inputs quantised once (Q, K
+    P (``_poly0.125``, ``_poly0.25``, ``_poly0.5``: ``poly_fraction`` 1/8, 1/4, 1/2; and 1/2 with
+    ping-pong on), on inputs quantised once (Q, K
     per :data:`FP8_BLOCK` rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
     from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
