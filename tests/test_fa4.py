@@ -295,7 +295,18 @@ def test_p_rounded_to_fp8_stays_within_its_rounding(n_q, n_k, block_size, row_gr
     fp8 = rescale.conditional_attention(q, k, v, theta, block_size, **kw, p_format="e4m3", p_shift=shift).o
     bound = (2.0**-4 + n_k * 2.0**-10 / 2.0**shift) * np.abs(v).max()
     assert np.max(np.abs(fp8 - exact)) <= bound * (1 + 1e-9)
-    assert np.max(np.abs(fp8 - exact)) > 0 or n_k == 1  # the rounding is applied
+
+
+def test_p_rounded_to_fp8_moves_the_output():
+    """The rounding is applied. (Not a property: where every block's largest P is the only one
+    a row sees, e.g. one key a block with a rising maximum, every P is exactly 2^8 and nothing
+    rounds.)"""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(4, 8)), 4 * rng.normal(size=(64, 8)), rng.normal(size=(64, 5))
+    for theta in (0.0, 2.0):
+        exact = rescale.conditional_attention(q, k, v, theta, 8).o
+        fp8 = rescale.conditional_attention(q, k, v, theta, 8, p_format="e4m3", p_shift=8.0 - theta).o
+        assert np.max(np.abs(fp8 - exact)) > 1e-6
 
 
 @settings(max_examples=40, deadline=None)
