@@ -574,8 +574,7 @@ def test_fp8_bad_poly_fraction_names_the_argument(fraction):
 
 
 def test_software_exp_uses_the_triton_kernels_cubic():
-    """The Gluon software exp2 (fa3._exp2_tile, which calls fa4.poly_exp2) takes fa4's minimax
-    cubic: c0 = 1, and c1..c3 as the Triton kernel passes them."""
+    """The Gluon software exp2 (fa3._poly_exp2) takes fa4's minimax cubic, c0 = 1 and c1..c3."""
     from flashlab.kernels import fa4
 
     assert fa4.COEFFICIENTS[0] == 1.0

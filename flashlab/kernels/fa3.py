@@ -46,7 +46,7 @@ from triton.experimental.gluon.language import _core as gl_core
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._common import LN2, LOG2E, check_scale
-from . import fa4
+from .fa4 import COEFFICIENTS
 
 # TMA global -> shared copy: triton 3.6 names it async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -65,9 +65,9 @@ def _tma_add_36(tensor_desc, coord, src, _semantic=None):
 # TMA shared -> global add: global[coord + block] += shared, by bulk reduce-adds, asynchronous
 _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_36
 
-# the minimax cubic 2^f ~= 1 + f (c1 + f (c2 + f c3)) on [0, 1] of the software exp2 (_exp2_tile),
+# the minimax cubic 2^f ~= 1 + f (c1 + f (c2 + f c3)) on [0, 1] of the software exp2 (_poly_exp2),
 # the Triton kernel's (flashlab.kernels.fa4)
-_POLY_C1, _POLY_C2, _POLY_C3 = (gl.constexpr(c) for c in fa4.COEFFICIENTS[1:])
+_POLY_C1, _POLY_C2, _POLY_C3 = (gl.constexpr(c) for c in COEFFICIENTS[1:])
 
 __all__ = ["AUTO_HEAD_DIMS", "CONSUMERS", "DTYPES", "GLUON_IMPL", "HEAD_DIMS", "SWITCHES", "check_build",
            "check_shapes", "compile_for_sm90", "compile_sm90", "config", "consumer_count", "fa3_forward", "forward",
@@ -307,15 +307,29 @@ def _masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUS
 
 
 @gluon.jit
+def _poly_exp2(x):
+    """2^x (fp32) on the FMA and integer pipes: FlashAttention-4's software exp2, as
+    :func:`flashlab.kernels.fa4.poly_exp2` (whose docstring derives it): x = n + f by one rounding
+    add, 2^f by a minimax cubic, n added to the result's exponent field. x <= -127 gives 0."""
+    x = gl.maximum(x, -127.0)  # clamp: the bit trick needs a normal exponent
+    t = (x - 0.49609375) + 12582912.0  # (x - b) + 1.5 * 2^23 rounds to n = floor(x) (almost)
+    f = x - (t - 12582912.0)  # x = n + f, f in [-2^-8, 1)
+    p = gl.fma(gl.fma(gl.fma(f, _POLY_C3, _POLY_C2), f, _POLY_C1), f, 1.0)  # 1 + f (c1 + f (c2 + f c3))
+    bits = p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)  # exponent += n
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
 def _exp2_tile(x, EXP_POLY: gl.constexpr):
-    """exp2 of a (Br, Bc) tile: the first Bc / 2^EXP_POLY columns (EXP_POLY >= 0) by
-    FlashAttention-4's software exp2 on the FMA and integer pipes (:func:`.fa4.poly_exp2`, whose
-    docstring derives it), the rest by the special-function unit (MUFU.EX2). The tile is cut in
-    halves, not masked (a mask would evaluate both for every score): in the wgmma accumulator
-    layout a thread holds columns 8 g + {2 t, 2 t + 1} for every g, so halving at a column bit >= 3
-    only regroups each thread's registers, and the halves are put back where they were."""
-    if EXP_POLY == 0:
-        y = fa4.poly_exp2(x, _POLY_C1, _POLY_C2, _POLY_C3)
+    """exp2 of a (Br, Bc) tile: the first Bc / 2^EXP_POLY columns by :func:`_poly_exp2`, the rest
+    by the special-function unit (MUFU.EX2); EXP_POLY = -1: all by MUFU. The tile is cut in halves,
+    not masked (a mask would evaluate both for every score): in the wgmma accumulator layout a
+    thread holds columns 8 g + {2 t, 2 t + 1} for every g, so halving at a column bit >= 3 only
+    regroups each thread's registers, and the halves are put back where they were."""
+    if EXP_POLY < 0:
+        y = gl.exp2(x)
+    elif EXP_POLY == 0:
+        y = _poly_exp2(x)
     else:
         BM: gl.constexpr = x.shape[0]
         W: gl.constexpr = x.shape[1]
