@@ -23,6 +23,8 @@
 #   tree    run 22: change 22 (the FP8 row max as a tree) against the kernel without it (../run22)
 #   tree2   run 23: change 22 and the chain, ping-pong off and on (../run23/ab_tree_pp.py), then one
 #           stamped tile of the kernel with change 22 (fp8timeline)
+#   tree3   run 24: change 23 (the tree with adjacent columns first) against the chain
+#           (../run22/ab_tree_max.py with AB_PATCH), then one stamped tile of it (fp8timeline)
 #   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
 #   b128, b64  the kernel bench chapters 5 and 9 read, with flashlab_fa3 and the FP8 forward
 # Before a call: git rev-parse HEAD > device_commit.txt; git diff > device_tree.diff (in this
@@ -45,7 +47,7 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
-KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 variants b128 b64"
+KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D"; } > $OUT/s1/gpu.txt 2>&1
@@ -97,6 +99,10 @@ fa3_timeline.run_fp8(Path(sys.argv[1]))
   tree2) P=$D/../run22/change22.patch
     git apply $P && step tree2 260 bash -c "PYTHONPATH=. python $D/../run23/ab_tree_pp.py $OUT/tree2; a=\$?
       python -m flashlab.lab.experiments fp8timeline --out $OUT/tree2/ts; exit \$(( a | \$? ))"; git apply -R $P ;;
+  tree3) P=$D/../run24/change23.patch
+    git apply $P && step tree3 200 bash -c "AB_PATCH=$P AB_NAME=ab_tree23 PYTHONPATH=. python $D/../run22/ab_tree_max.py \
+      $OUT/tree3; a=\$?; python -m flashlab.lab.experiments fp8timeline --out $OUT/tree3/ts; exit \$(( a | \$? ))"
+    git apply -R $P ;;
   broken) broken 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' 's/    if rescale:$/    if not rescale:/' ;;
   variants) mkdir -p variants/cur && cp -r flashlab variants/cur/
     step variants 240 python -m flashlab.lab.experiments.fa3_backward_variants variants/cur --rounds 3 --out $OUT/variants ;;

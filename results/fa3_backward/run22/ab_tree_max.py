@@ -30,7 +30,10 @@ import flashlab.lab.experiments as experiments
 from flashlab.lab.experiments import fa3 as e
 
 experiments.COMMAND = "PYTHONPATH=. python results/fa3_backward/run22/ab_tree_max.py"  # the records' command
-PATCH = Path(__file__).resolve().with_name("change22.patch")
+# AB_PATCH: another patch of the same form in its place (run 24: ../run24/change23.patch); AB_NAME
+# the records' name (default ab_tree_max)
+PATCH = Path(os.environ.get("AB_PATCH") or Path(__file__).resolve().with_name("change22.patch")).resolve()
+NAME = os.environ.get("AB_NAME", "ab_tree_max")
 KERNELS = Path(experiments.__file__).parents[2] / "kernels"
 
 
@@ -65,7 +68,7 @@ def contenders(q, k, v, do, causal):
     BITS.append({"d": q.shape[-1], "N": q.shape[2], "causal": causal,
                  "same_bits": bool(torch.equal(o1, o2)) and bool(torch.equal(l1, l2))})
     print(BITS[-1], flush=True)
-    Path(OUT, "ab_tree_max_bits.json").write_text(json.dumps(BITS, indent=1))  # at once: a time limit may come
+    Path(OUT, f"{NAME}_bits.json").write_text(json.dumps(BITS, indent=1))  # at once: a time limit may come
     return fns
 
 
@@ -74,5 +77,5 @@ if __name__ == "__main__":
     Path(OUT).mkdir(parents=True, exist_ok=True)
     e.SPEED_D = tuple(int(d) for d in os.environ.get("AB_D", "128").split())
     lengths = tuple(int(n) for n in os.environ.get("AB_N", "16384 4096").split())
-    e._time_switches(contenders, lambda d, causal: "fp8_chain", "ab_tree_max", OUT, per_length=True,
+    e._time_switches(contenders, lambda d, causal: "fp8_chain", NAME, OUT, per_length=True,
                      lengths=lengths)
