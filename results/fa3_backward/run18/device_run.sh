@@ -25,6 +25,8 @@
 #           stamped tile of the kernel with change 22 (fp8timeline)
 #   tree3   run 24: change 23 (the tree with adjacent columns first) against the chain
 #           (../run22/ab_tree_max.py with AB_PATCH), then one stamped tile of it (fp8timeline)
+#   ncu23   run 25: Nsight Compute's stall samples per SASS instruction of the FP8 kernel with change
+#           23 and without it (../run24/ncu_tree.py)
 #   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
 #   b128, b64  the kernel bench chapters 5 and 9 read, with flashlab_fa3 and the FP8 forward
 # Before a call: git rev-parse HEAD > device_commit.txt; git diff > device_tree.diff (in this
@@ -47,7 +49,7 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
-KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 variants b128 b64"
+KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 ncu23 variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D"; } > $OUT/s1/gpu.txt 2>&1
@@ -102,6 +104,13 @@ fa3_timeline.run_fp8(Path(sys.argv[1]))
   tree3) P=$D/../run24/change23.patch
     git apply $P && step tree3 200 bash -c "AB_PATCH=$P AB_NAME=ab_tree23 PYTHONPATH=. python $D/../run22/ab_tree_max.py \
       $OUT/tree3; a=\$?; python -m flashlab.lab.experiments fp8timeline --out $OUT/tree3/ts; exit \$(( a | \$? ))"
+    git apply -R $P ;;
+  ncu23) P=$D/../run24/change23.patch
+    git apply $P && step ncu23 200 bash -c "cd $D/../run24 && AB_PATCH=$P ncu --clock-control none -k regex:_fa3_fp8_kernel \
+      --launch-skip 2 -c 2 --section WarpStateStats --section SourceCounters --section SchedulerStats \
+      --section ComputeWorkloadAnalysis -o $OUT/ncu23/fp8 env PYTHONPATH=$PWD python ncu_tree.py \
+      && ncu -i $OUT/ncu23/fp8.ncu-rep --page details > $OUT/ncu23/details.txt \
+      && ncu -i $OUT/ncu23/fp8.ncu-rep --page source --csv --print-source sass | gzip > $OUT/ncu23/source_sass.csv.gz"
     git apply -R $P ;;
   broken) broken 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' 's/    if rescale:$/    if not rescale:/' ;;
   variants) mkdir -p variants/cur && cp -r flashlab variants/cur/
