@@ -29,7 +29,9 @@ import torch
 import flashlab.lab.experiments as experiments
 from flashlab.lab.experiments import fa3 as e
 
-experiments.COMMAND = "PYTHONPATH=. python results/fa3_backward/run22/ab_tree_max.py"  # the records' command
+experiments.COMMAND = " ".join(  # the records' command, with the overrides below when they are set
+    [f"{k}={os.environ[k]}" for k in ("AB_PATCH", "AB_NAME") if os.environ.get(k)]
+    + ["PYTHONPATH=. python results/fa3_backward/run22/ab_tree_max.py"])
 # AB_PATCH: another patch of the same form in its place (run 24: ../run24/change23.patch); AB_NAME
 # the records' name (default ab_tree_max)
 PATCH = Path(os.environ.get("AB_PATCH") or Path(__file__).resolve().with_name("change22.patch")).resolve()
