@@ -30,12 +30,14 @@ import flashlab.lab.experiments as experiments
 from flashlab.lab.experiments import fa3 as e
 
 experiments.COMMAND = " ".join(  # the records' command, with the overrides below when they are set
-    [f"{k}={os.environ[k]}" for k in ("AB_PATCH", "AB_NAME") if os.environ.get(k)]
+    [f"{k}={os.environ[k]}" for k in ("AB_PATCH", "AB_NAME", "AB_WITHOUT") if os.environ.get(k)]
     + ["PYTHONPATH=. python results/fa3_backward/run22/ab_tree_max.py"])
-# AB_PATCH: another patch of the same form in its place (run 24: ../run24/change23.patch); AB_NAME
-# the records' name (default ab_tree_max)
+# AB_PATCH: another patch of the same form in its place (run 24: ../run24/change23.patch; run 26:
+# ../run26/change24.patch); AB_NAME the records' name (default ab_tree_max); AB_WITHOUT the
+# name of the kernel without the patch (default fp8_chain)
 PATCH = Path(os.environ.get("AB_PATCH") or Path(__file__).resolve().with_name("change22.patch")).resolve()
 NAME = os.environ.get("AB_NAME", "ab_tree_max")
+WITHOUT = os.environ.get("AB_WITHOUT", "fp8_chain")  # the name of the kernel without the patch
 KERNELS = Path(experiments.__file__).parents[2] / "kernels"
 
 
@@ -65,8 +67,8 @@ def contenders(q, k, v, do, causal):
     pre = quantize_qkv(q, k, v, block=e.FP8_BLOCK, v_block=None)
     fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0], "bf16": lambda: fa3.forward(q, k, v, causal),
            "fp8": lambda: fa3_fp8.forward(**pre, causal=causal),
-           "fp8_chain": lambda: chain.forward(**pre, causal=causal)}
-    (o1, l1), (o2, l2) = fns["fp8"](), fns["fp8_chain"]()
+           WITHOUT: lambda: chain.forward(**pre, causal=causal)}
+    (o1, l1), (o2, l2) = fns["fp8"](), fns[WITHOUT]()
     BITS.append({"d": q.shape[-1], "N": q.shape[2], "causal": causal,
                  "same_bits": bool(torch.equal(o1, o2)) and bool(torch.equal(l1, l2))})
     print(BITS[-1], flush=True)
@@ -79,5 +81,5 @@ if __name__ == "__main__":
     Path(OUT).mkdir(parents=True, exist_ok=True)
     e.SPEED_D = tuple(int(d) for d in os.environ.get("AB_D", "128").split())
     lengths = tuple(int(n) for n in os.environ.get("AB_N", "16384 4096").split())
-    e._time_switches(contenders, lambda d, causal: "fp8_chain", NAME, OUT, per_length=True,
+    e._time_switches(contenders, lambda d, causal: WITHOUT, NAME, OUT, per_length=True,
                      lengths=lengths)
