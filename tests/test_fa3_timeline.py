@@ -77,6 +77,18 @@ def test_interleaving_tells_pingpong_from_lockstep_and_from_one_after_the_other(
     assert after["softmax_alternation"] < 0.2 and after["softmax_under_other_gemm"] == 0.0
 
 
+def test_softmax_overlap_is_zero_taking_turns_and_one_in_lockstep():
+    turns = timeline.phases(made_up_stamps(12))  # consumer 1 half a block (935 cycles) behind
+    half = timeline.phases(made_up_stamps(12, lag=450))  # half of a 900-cycle softmax
+    lockstep = timeline.phases(made_up_stamps(12, lag=0))
+    assert timeline.softmax_overlap(turns) == 0.0
+    assert timeline.softmax_overlap(half) == pytest.approx(0.5, abs=0.02)
+    assert timeline.softmax_overlap(lockstep) == pytest.approx(1.0, abs=0.02)
+    assert timeline.softmax_overlap(timeline.phases(made_up_stamps(12, lag=10**6))) == 0.0
+    with pytest.raises(ValueError, match="key blocks"):
+        timeline.softmax_overlap(timeline.phases(made_up_stamps(3)))
+
+
 def _small_text(fig) -> list[tuple[str, float]]:
     from matplotlib.text import Text
 

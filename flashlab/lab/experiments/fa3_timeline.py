@@ -164,6 +164,20 @@ def interleaving(rows: list[dict[str, object]], skip: int = 2) -> dict[str, floa
     return {"softmax_alternation": round(changes, 3), "softmax_under_other_gemm": round(float(np.mean(covered)), 3)}
 
 
+def softmax_overlap(rows: list[dict[str, object]], skip: int = 2) -> float:
+    """The share of consumer 0's softmax time, over its steady blocks (the first and last ``skip``
+    left out), during which consumer 1 is in a softmax of its own (any of its blocks): 0 when
+    the two take turns, 1 when they run in lockstep."""
+    c0, c1 = fa3.STAMP_PARTS[:2]
+    mine, other = _spans(rows, c0, "softmax"), list(_spans(rows, c1, "softmax").values())
+    blocks = sorted(mine)
+    steady = [mine[j] for j in blocks[skip:len(blocks) - skip]]
+    if not steady:
+        raise ValueError(f"rows must hold at least {2 * skip + 1} key blocks of softmax; got {len(blocks)}")
+    both = sum(max(0.0, min(b, d) - max(a, c)) for a, b in steady for c, d in other)
+    return round(float(both / sum(b - a for a, b in steady)), 3)
+
+
 def phase_means(rows: list[dict[str, object]], skip: int = 2) -> dict[tuple[str, str], float]:
     """Mean duration in microseconds of each (partition, phase) over the steady key blocks
     (the first and last ``skip`` left out)."""
