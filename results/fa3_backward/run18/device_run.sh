@@ -40,6 +40,8 @@ BENCH="python -m flashlab.lab.bench --suite kernels --impls flashlab flashlab_fa
 t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
 END=${END:-470}; cap() { local l=$(( END - $(el) )); echo $(( $1 < l ? $1 : (l > 5 ? l : 5) )); }
 pack() { (cd $OUT && tar czf $1.tgz $1 && rm -rf $1); }
+patched() {  # patched "PATCH..." COMMAND...: COMMAND with the patches applied to this copy, taken back after
+  local p=$1; shift; git apply $p && "$@"; git apply -R $p; }
 step() {  # step NAME SECONDS COMMAND...: COMMAND within the call's time, its output in $OUT/NAME/log.txt
   local name=$1 secs=$2; shift 2; mkdir -p $OUT/$name
   timeout $(cap $secs) "$@" >> $OUT/$name/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/$name/log.txt; pack $name; }
@@ -59,7 +61,7 @@ pack s1
 for s in $STEPS; do case $s in
   ab) step ab 140 env PYTHONPATH=. python $D/ab_pack.py $OUT/ab ;;
   abt) P="$D/../run19/change20.patch $D/../run19/change21.patch"
-    git apply $P && step abt 170 env PYTHONPATH=. python $D/../run19/ab_tree.py $OUT/abt; git apply -R $P ;;
+    patched "$P" step abt 170 env PYTHONPATH=. python $D/../run19/ab_tree.py $OUT/abt ;;
   tb) step tb 130 $GLUON -k "(matches_float64 or race_free or fp8_matches_dequantised) and not 256" ;;
   t1) step t1 90 $GLUON -k "fp8_matches_dequantised or fp8_race_free" ;;
   t256) step t256 200 bash -c "$GLUON -k \"(matches_float64 or race_free) and 256 and not fp8\"; a=\$?
@@ -99,26 +101,23 @@ fa3_timeline.run_fp8(Path(sys.argv[1]))
 " $OUT/ts8pp ;;
   tpoly) step tpoly 150 $GLUON -v -k software_exp ;;
   tree) P=$D/../run22/change22.patch
-    git apply $P && step tree 230 env PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/tree; git apply -R $P ;;
+    patched $P step tree 230 env PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/tree ;;
   tree2) P=$D/../run22/change22.patch
-    git apply $P && step tree2 260 bash -c "PYTHONPATH=. python $D/../run23/ab_tree_pp.py $OUT/tree2; a=\$?
-      python -m flashlab.lab.experiments fp8timeline --out $OUT/tree2/ts; exit \$(( a | \$? ))"; git apply -R $P ;;
+    patched $P step tree2 260 bash -c "PYTHONPATH=. python $D/../run23/ab_tree_pp.py $OUT/tree2; a=\$?
+      python -m flashlab.lab.experiments fp8timeline --out $OUT/tree2/ts; exit \$(( a | \$? ))" ;;
   tree3) P=$D/../run24/change23.patch
-    git apply $P && step tree3 200 bash -c "AB_PATCH=$P AB_NAME=ab_tree23 PYTHONPATH=. python $D/../run22/ab_tree_max.py \
-      $OUT/tree3; a=\$?; python -m flashlab.lab.experiments fp8timeline --out $OUT/tree3/ts; exit \$(( a | \$? ))"
-    git apply -R $P ;;
+    patched $P step tree3 200 bash -c "AB_PATCH=$P AB_NAME=ab_tree23 PYTHONPATH=. python $D/../run22/ab_tree_max.py \
+      $OUT/tree3; a=\$?; python -m flashlab.lab.experiments fp8timeline --out $OUT/tree3/ts; exit \$(( a | \$? ))" ;;
   skip) P=$D/../run26/change24.patch
-    git apply $P && step skip 300 bash -c "$GLUON -k \"fp8_matches_dequantised or fp8_race_free or conditional_rescaling\"; a=\$?
+    patched $P step skip 300 bash -c "$GLUON -k \"fp8_matches_dequantised or fp8_race_free or conditional_rescaling\"; a=\$?
       AB_PATCH=$P AB_NAME=ab_skip AB_WITHOUT=fp8_main PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/skip
-      exit \$(( a | \$? ))"
-    git apply -R $P ;;
+      exit \$(( a | \$? ))" ;;
   ncu23) P=$D/../run24/change23.patch
-    git apply $P && step ncu23 200 bash -c "cd $D/../run24 && AB_PATCH=$P ncu --clock-control none -k regex:_fa3_fp8_kernel \
+    patched $P step ncu23 200 bash -c "cd $D/../run24 && AB_PATCH=$P ncu --clock-control none -k regex:_fa3_fp8_kernel \
       --launch-skip 2 -c 2 --section WarpStateStats --section SourceCounters --section SchedulerStats \
       --section ComputeWorkloadAnalysis -o $OUT/ncu23/fp8 env PYTHONPATH=$PWD python ncu_tree.py \
       && ncu -i $OUT/ncu23/fp8.ncu-rep --page details > $OUT/ncu23/details.txt \
-      && ncu -i $OUT/ncu23/fp8.ncu-rep --page source --csv --print-source sass | gzip > $OUT/ncu23/source_sass.csv.gz"
-    git apply -R $P ;;
+      && ncu -i $OUT/ncu23/fp8.ncu-rep --page source --csv --print-source sass | gzip > $OUT/ncu23/source_sass.csv.gz" ;;
   broken) broken 's/        rescale = rise > THETA$/        rescale = rise > THETA + 2.0/' 's/    if rescale:$/    if not rescale:/' ;;
   variants) mkdir -p variants/cur && cp -r flashlab variants/cur/
     step variants 240 python -m flashlab.lab.experiments.fa3_backward_variants variants/cur --rounds 3 --out $OUT/variants ;;
