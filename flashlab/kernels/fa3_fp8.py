@@ -45,7 +45,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from . import fa3
@@ -82,13 +83,23 @@ RESCALE_THRESHOLD = None
 # this kernel's limit: at d = 128 without the mask 1/8, 1/4 and 1/2 lost 2, 5-6 and 13-18 %
 # (results/fa3_backward/run21).
 POLY_FRACTION = {64: 0.0, 128: 0.0}
+# P through shared memory (``p_smem``): Bc = 256 keys a block, P stored to shared memory as e4m3
+# and read from there by the P V wgmma. With P in registers, Bc = 256 does not fit a consumer's
+# 240 registers (S 128, O 64, P 32 and the rest: ptxas spills); through shared memory P's
+# registers are free before the next S arrives. Per-block costs (the row statistics, O's rescale,
+# the barriers, the address work) are then paid once per 256 keys.
+P_SMEM = {64: False, 128: False}
+P_SMEM_BLOCK_N = 256
 
 
-def config(d: int) -> dict:
+def config(d: int, p_smem: bool = False) -> dict:
     """Tiles and ring depth: Br = 64 rows per consumer, Bc = 128 keys, 3 stages. Shared memory
     per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, and O 2 * 64 * d two
-    bytes an element, 144 KB at d = 128."""
-    return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3}
+    bytes an element, 144 KB at d = 128. ``p_smem``: Bc = 256, 2 stages, and each consumer's P
+    tile, 2 * 64 * 256 bytes: 208 KB at d = 128."""
+    if p_smem:
+        return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": P_SMEM_BLOCK_N, "HEAD_D": d, "STAGES": 2, "P_SMEM": True}
+    return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": False}
 
 
 @gluon.jit
@@ -111,6 +122,28 @@ def _p_operand(p, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
     """fp8(P) (Br, Bc) as the A operand of O += P V: its columns in V's key order, in wgmma's
     8-bit A layout without moving data, and rounded to e4m3 where the wgmma reads it."""
     return _to_e4m3(gl.convert_layout(_as_operand(p, BLOCK_M, BLOCK_N), p_layout, assert_trivial=True))
+
+
+@gluon.jit
+def _p_to_shared(p, p_buf, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """fp8(P) (Br, Bc) into ``p_buf``, the A operand of O += P V from shared memory. Each thread's
+    keys of a row are made contiguous, so that it stores them 16 bytes at a time: the accumulator
+    gives a thread keys c = 8 g + 2 q + e (q its lane's column pair, g < Bc / 8, e < 2), and key c
+    goes to column k = (Bc / 4) q + 2 g + e (:func:`key_order` with ``shared=True``)."""
+    p = gl.reshape(p, [BLOCK_M, BLOCK_N // 8, 4, 2])  # (row, g, q, e)
+    p = gl.permute(p, [0, 2, 1, 3])  # (row, q, g, e)
+    p_buf.store(_to_e4m3(gl.reshape(p, [BLOCK_M, BLOCK_N])))
+    fence_async_shared()  # the stores are visible to the wgmma that reads p_buf
+
+
+@gluon.jit
+def _pv_a(p, p_buf, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, P_SMEM: gl.constexpr):
+    """The A operand of O += P V: ``p_buf`` (P_SMEM: P is there already), or P from registers."""
+    if P_SMEM:
+        a = p_buf
+    else:
+        a = _p_operand(p, p_layout, BLOCK_M, BLOCK_N)
+    return a
 
 
 @gluon.jit
@@ -166,18 +199,20 @@ def _descale_at(D, bh, n_blocks_per_head, row, BLOCK: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
                   N_Q, N_K, BH, DEAL, qk_scale,
                   CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                   PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                   SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
-                  STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1):
+                  STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
     program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
     (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax).
     STAMPS: time stamps of each phase of tile STAMP_AT, in :func:`.fa3._consumer`'s phases and
-    order; P becomes e4m3 inside the P V issue, so "convert" only hands P_next over (near 0)."""
+    order; P becomes e4m3 inside the P V issue, so "convert" only hands P_next over (near 0).
+    P_SMEM: P goes to ``p_smem`` (this warpgroup's (Br, Bc) tile) once the P V before it is done,
+    and the P V product reads both operands from shared memory (:func:`_p_to_shared`)."""
     q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
@@ -187,6 +222,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q = q_smem.index(WG)
+    p_buf = p_smem.index(WG)  # P_SMEM: this warpgroup's P tile
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     causal_offset = N_K - N_Q
     c = 0  # ring position (key blocks consumed over all tiles)
@@ -228,6 +264,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
                                                         CAUSAL, THETA, SHIFT, EXP_POLY)
         fa3._stamp(STAMP, here, WG, fa3._CONVERT, 0, STAMPS)
+        if P_SMEM:  # no P V is in flight: the last tile's final one was waited for
+            _p_to_shared(p, p_buf, BLOCK_M, BLOCK_N)
 
         for j in range(1, n_blocks):
             stage = (c + j) % STAGES
@@ -248,8 +286,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
             fa3._stamp(STAMP, here, WG, fa3._ISSUE_PV, j - 1, STAMPS)
-            o_tok = warpgroup_mma(_p_operand(p, p_layout, BLOCK_M, BLOCK_N), v_smem.index(prev).permute((1, 0)), o,
-                                  is_async=True)
+            o_tok = warpgroup_mma(_pv_a(p, p_buf, p_layout, BLOCK_M, BLOCK_N, P_SMEM),
+                                  v_smem.index(prev).permute((1, 0)), o, is_async=True)
             fa3._pass_turn(turn, WG, PINGPONG)
             fa3._stamp(STAMP, here, WG, fa3._WAIT_S, j, STAMPS)
             if OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
@@ -268,6 +306,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                 o = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(prev), count=1)
             fa3._stamp(STAMP, here, WG, fa3._CONVERT, j, STAMPS)
+            if P_SMEM:  # P_{j-1} V_{j-1} is done with p_buf
+                _p_to_shared(p_next, p_buf, BLOCK_M, BLOCK_N)
             p = p_next
         mbarrier.arrive(q_empty.index(WG), count=1)  # Q_i's last GEMM is done
 
@@ -279,8 +319,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         fa3._stamp(STAMP, here, WG, fa3._WAIT_TURN, n_blocks, STAMPS)  # turn n_blocks: the last P V's
         fa3._take_turn(turn, c + n + n_blocks, WG, PINGPONG)
         fa3._stamp(STAMP, here, WG, fa3._ISSUE_PV, n_blocks - 1, STAMPS)
-        o_tok = warpgroup_mma(_p_operand(p, p_layout, BLOCK_M, BLOCK_N), v_smem.index(last).permute((1, 0)), o,
-                              is_async=True)
+        o_tok = warpgroup_mma(_pv_a(p, p_buf, p_layout, BLOCK_M, BLOCK_N, P_SMEM),
+                              v_smem.index(last).permute((1, 0)), o, is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
         fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, n_blocks - 1, STAMPS)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -302,19 +342,22 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                     PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                     SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
-                    STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1):
+                    STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
     (B * H * d, N_k), O as (B * H * N_q, d). STAMPS: tile STAMP_AT writes the time stamps of its
     phases into STAMP (:func:`.fa3._stamp`), as the bf16 kernel's do."""
     q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
+    p_smem = q_smem  # unread unless P_SMEM
+    if P_SMEM:  # each consumer's P tile, (Br, Bc) e4m3
+        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_N], gl.NVMMASharedLayout(128, 8))
     gl.warp_specialize([
-        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY)),
-        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, bars, turn,
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM)),
+        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY)),
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM)),
         (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS)),
     ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
@@ -336,7 +379,7 @@ def _rescaling(rescale_threshold: object) -> dict[str, float]:
     return {"THETA": -1.0, "SHIFT": P_SHIFT} if theta is None else {"THETA": theta, "SHIFT": P_SHIFT - theta}
 
 
-def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
+def _check(q, k, v, q_block, k_block, v_block, out_dtype, block_n: int = fa3.BLOCK_N) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -346,7 +389,7 @@ def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
     fa3.check_shapes(q, k, v, HEAD_DIMS)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16; got {out_dtype}")
-    for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, fa3.BLOCK_N)):
+    for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, block_n)):
         if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1
                                   or block % multiple):
             raise ValueError(f"{name} must be None or a positive multiple of {multiple} (one descale per "
@@ -374,24 +417,35 @@ def _descale(name: str, x: torch.Tensor | None, block: int | None, B: int, H: in
     return x.contiguous()
 
 
-def key_order(n: int, device=None) -> torch.Tensor:
+def key_order(n: int, device=None, shared: bool = False) -> torch.Tensor:
     """The permutation of :func:`_as_operand` on n keys (n a multiple of 16): column k of the
-    reordered P holds key key_order(n)[k]."""
+    reordered P holds key key_order(n)[k]. ``shared``: :func:`_p_to_shared`'s, within every
+    block of n = Bc keys: column (Bc / 4) q + 2 g + e holds key 8 g + 2 q + e."""
+    if shared:
+        idx = torch.arange(n, device=device).view(n // 8, 4, 2)  # (g, q, e)
+        return idx.permute(1, 0, 2).reshape(n)  # (q, g, e)
     idx = torch.arange(n, device=device).view(n // 16, 2, 2, 2, 2)  # (a, c3, c2, c1, c0)
     return idx.permute(0, 2, 3, 1, 4).reshape(n)  # (a, c2, c1, c3, c0)
 
 
-def wgmma_v(v: torch.Tensor) -> torch.Tensor:
+def wgmma_v(v: torch.Tensor, shared_block: int | None = None) -> torch.Tensor:
     """V as the kernel reads it: V^T (B, H, d, N_k'), contiguous, N_k' = N_k rounded up to a
     multiple of 16 (zero keys), its keys in :func:`key_order` within every 16. One copy of V
-    (a second, for the padding, when N_k is not a multiple of 16)."""
+    (a second, for the padding, when N_k is not a multiple of 16). ``shared_block`` Bc: the
+    order of P through shared memory, ``key_order(Bc, shared=True)`` within every Bc keys, N_k
+    rounded up to a multiple of Bc."""
     B, H, n, d = v.shape
-    padded = -(-n // 16) * 16
+    unit = shared_block or 16
+    padded = -(-n // unit) * unit
     x = v.view(torch.uint8)  # the bytes: pad and permute need no fp8 arithmetic
     if padded != n:
         x = torch.nn.functional.pad(x, (0, 0, 0, padded - n))
-    x = x.reshape(B, H, padded // 16, 2, 2, 2, 2, d)  # keys as (a, c3, c2, c1, c0)
-    x = x.permute(0, 1, 7, 2, 4, 5, 3, 6)  # (d, a, c2, c1, c3, c0): V^T in key_order
+    if shared_block:
+        x = x.reshape(B, H, padded // unit, unit // 8, 4, 2, d)  # keys as (block, g, q, e)
+        x = x.permute(0, 1, 6, 2, 4, 3, 5)  # (d, block, q, g, e)
+    else:
+        x = x.reshape(B, H, padded // 16, 2, 2, 2, 2, d)  # keys as (a, c3, c2, c1, c0)
+        x = x.permute(0, 1, 7, 2, 4, 5, 3, 6)  # (d, a, c2, c1, c3, c0): V^T in key_order
     return x.reshape(B, H, d, padded).view(v.dtype)
 
 
@@ -402,18 +456,24 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             out: torch.Tensor | None = None, pingpong: bool | None = None,
             overlap: bool | None = None,
             rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: torch.Tensor | None = None,
-            stamp_at: int = 0, poly_fraction: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            stamp_at: int = 0, poly_fraction: float | None = None,
+            p_smem: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
     :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d);
     ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8];
     ``stamps``, ``stamp_at``: time stamps of one tile, as :func:`flashlab.kernels.fa3.forward`
     takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer); ``poly_fraction``: the share
-    of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d). Returns o and
-    lse2 (log2 units)."""
+    of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d); ``p_smem``: P
+    through shared memory at Bc = 256 (None: :data:`P_SMEM`'s default for d; k_block then a
+    multiple of 256). Returns o and lse2 (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
         _exp_poly(0, poly_fraction)  # checked before the tensors are
-    _check(q, k, v, q_block, k_block, v_block, out_dtype)
+    if p_smem is not None and not isinstance(p_smem, bool):
+        raise TypeError(f"p_smem must be None, True or False; got {p_smem!r}")
+    d = q.shape[-1] if isinstance(q, torch.Tensor) else 0  # checked by _check
+    c = config(d, P_SMEM.get(d, False) if p_smem is None else p_smem)
+    _check(q, k, v, q_block, k_block, v_block, out_dtype, c["BLOCK_N"])
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
     scale = check_scale(scale, D)
@@ -423,13 +483,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
     vd = _descale("v_descale", v_descale, None, B, H, N_K, q.device)
     q, k = q.contiguous(), k.contiguous()
-    vt = wgmma_v(v)
+    vt = wgmma_v(v, c["BLOCK_N"] if c["P_SMEM"] else None)
     o = torch.empty((B, H, N_Q, D), device=q.device, dtype=out_dtype) if out is None else out
     if o.shape != q.shape or o.dtype != out_dtype or not o.is_contiguous():
         raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape {tuple(q.shape)}; "
                          f"got {o.dtype} {tuple(o.shape)}")
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
-    c = config(D)
     stamping = fa3.stamp_args(stamps, stamp_at, (triton.cdiv(N_K, c["BLOCK_N"]) + 1, len(fa3.STAMP_PHASES), 3, 2),
                               q.device)
     f8 = gl.float8e4nv
@@ -478,13 +537,13 @@ def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
                  out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None,
                  rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: bool = False,
-                 poly_fraction: float | None = None):
+                 poly_fraction: float | None = None, p_smem: bool | None = None):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
-    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction`` as :func:`forward` takes them; ``stamps``:
+    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem`` as :func:`forward` takes them; ``stamps``:
     the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
-    c = config(d)
+    c = config(d, P_SMEM.get(d, False) if p_smem is None else p_smem)
     f8 = gl.float8e4nv
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
     constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
