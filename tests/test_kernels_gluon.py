@@ -620,6 +620,48 @@ def test_fp8_v_layout_matches_the_key_order():
     assert torch.equal(wgmma_v(keys_contiguous).view(torch.uint8), got.view(torch.uint8))
 
 
+def test_fp8_v_layout_for_p_through_shared_memory():
+    """wgmma_v(v, shared_block=Bc) holds, within every Bc keys, key 8 g + 2 q + e at column
+    (Bc / 4) q + 2 g + e (key_order(Bc, shared=True), _p_to_shared's order), zero past N_k, N_k
+    rounded up to a multiple of Bc."""
+    from flashlab.kernels.fa3_fp8 import key_order, wgmma_v
+
+    order = key_order(256, shared=True)
+    assert order[:4].tolist() == [0, 1, 8, 9] and order[64:66].tolist() == [2, 3]
+    assert order[2 * 31 + 64 * 3 + 1].item() == 8 * 31 + 2 * 3 + 1
+    assert sorted(order.tolist()) == list(range(256))
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 3, 300, 64, generator=g).to(torch.float8_e4m3fn)
+    padded = torch.nn.functional.pad(v.view(torch.uint8), (0, 0, 0, 212))  # 512 keys
+    got = wgmma_v(v, shared_block=256)
+    assert got.shape == (2, 3, 64, 512) and got.is_contiguous()
+    blocks = torch.cat([order, 256 + order])
+    assert torch.equal(got.view(torch.uint8), padded[:, :, blocks].transpose(-2, -1))
+
+
+@pytest.mark.parametrize("d, causal, k_block", [(128, False, None), (128, False, 128), (64, False, 128)])
+def test_fp8_p_through_shared_memory_compiles_to_wide_stores(d, causal, k_block):
+    """p_smem=True: each consumer's key-block loop stores P with eight 16-byte stores (Br Bc bytes
+    / 128 threads / 16), reads it back only through the P V wgmma (its A operand a shared-memory
+    descriptor, no registers), and touches no local memory; k_block = 128 (a descale per half
+    block) adds a second row maximum's shuffles, nothing per score. (The causal builds are not
+    asserted here: at d = 128 the loop reads local memory three times.)"""
+    from flashlab.kernels import fa3_fp8
+
+    kernel = fa3_fp8.compile_sm90(d, causal, q_block=128, k_block=k_block, p_smem=True)
+    assert not re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3 \{[^}]*\}, \{",
+                         kernel.asm["ptx"]), "P V with P from registers"
+    sass = _sass(kernel.asm["cubin"])
+    if not sass:
+        pytest.skip("needs cuobjdump")
+    loops = key_block_loops(sass)
+    assert len(loops) == 2 and _local_accesses(loops) == 0, [len(b) for b in loops]
+    for body in loops:
+        ops = [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]
+        assert ops.count("STS.128") == fa3.BLOCK_M * fa3_fp8.P_SMEM_BLOCK_N // (128 * 16), ops.count("STS.128")
+        assert ops.count("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C") == fa3.BLOCK_M * fa3_fp8.P_SMEM_BLOCK_N // 256
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [

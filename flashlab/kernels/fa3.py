@@ -322,23 +322,35 @@ def _poly_exp2(x):
 @gluon.jit
 def _exp2_tile(x, EXP_POLY: gl.constexpr):
     """exp2 of a (Br, Bc) tile: the first Bc / 2^EXP_POLY columns by :func:`_poly_exp2`, the rest
-    by the special-function unit (MUFU.EX2); EXP_POLY = -1: all by MUFU. The tile is cut in halves,
-    not masked (a mask would evaluate both for every score): in the wgmma accumulator layout a
-    thread holds columns 8 g + {2 t, 2 t + 1} for every g, so halving at a column bit >= 3 only
-    regroups each thread's registers, and the halves are put back where they were."""
+    by the special-function unit (MUFU.EX2); EXP_POLY = -1: all by MUFU. The tile is cut in halves
+    (:func:`_halves`, no data moves), not masked (a mask would evaluate both for every score), and
+    the halves are put back where they were."""
     if EXP_POLY < 0:
         y = gl.exp2(x)
     elif EXP_POLY == 0:
         y = _poly_exp2(x)
     else:
-        BM: gl.constexpr = x.shape[0]
-        W: gl.constexpr = x.shape[1]
-        a, b = gl.split(gl.permute(gl.reshape(x, [BM, 2, W // 2]), [0, 2, 1]))  # columns [0, W/2) | [W/2, W)
-        a = _exp2_tile(a, EXP_POLY - 1)
-        b = gl.exp2(b)
-        y = gl.reshape(gl.permute(gl.join(a, b), [0, 2, 1]), [BM, W])
-        y = gl.convert_layout(y, x.type.layout, assert_trivial=True)
+        a, b = _halves(x)
+        y = _join_halves(_exp2_tile(a, EXP_POLY - 1), gl.exp2(b), x)
     return y
+
+
+@gluon.jit
+def _halves(x):
+    """A (Br, W) tile as its columns [0, W/2) and [W/2, W): in the wgmma accumulator layout a
+    thread holds columns 8 g + {2 t, 2 t + 1} for every g, so a cut at a column bit >= 3 only
+    regroups each thread's registers."""
+    BM: gl.constexpr = x.shape[0]
+    W: gl.constexpr = x.shape[1]
+    return gl.split(gl.permute(gl.reshape(x, [BM, 2, W // 2]), [0, 2, 1]))
+
+
+@gluon.jit
+def _join_halves(a, b, like):
+    """:func:`_halves` undone: the (Br, W) tile whose columns [0, W/2) are ``a``, in the layout of
+    ``like``, the tile that was cut."""
+    y = gl.reshape(gl.permute(gl.join(a, b), [0, 2, 1]), [a.shape[0], 2 * a.shape[1]])
+    return gl.convert_layout(y, like.type.layout, assert_trivial=True)
 
 
 @gluon.jit

@@ -90,14 +90,16 @@ POLY_FRACTION = {64: 0.0, 128: 0.0}
 # the barriers, the address work) are then paid once per 256 keys.
 P_SMEM = {64: False, 128: False}
 P_SMEM_BLOCK_N = 256
+# A stamped build (``stamps``) keeps Bc = 128 unless ``p_smem`` is given: at Bc = 256 the time
+# stamps' registers make ptxas spill inside the key-block loop.
 
 
-def config(d: int, p_smem: bool = False) -> dict:
+def config(d: int, p_smem: bool | None = None) -> dict:
     """Tiles and ring depth: Br = 64 rows per consumer, Bc = 128 keys, 3 stages. Shared memory
     per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, and O 2 * 64 * d two
     bytes an element, 144 KB at d = 128. ``p_smem``: Bc = 256, 2 stages, and each consumer's P
-    tile, 2 * 64 * 256 bytes: 208 KB at d = 128."""
-    if p_smem:
+    tile, 2 * 64 * 256 bytes: 208 KB at d = 128 (None: :data:`P_SMEM`'s default for d)."""
+    if P_SMEM.get(d, False) if p_smem is None else p_smem:
         return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": P_SMEM_BLOCK_N, "HEAD_D": d, "STAGES": 2, "P_SMEM": True}
     return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": False}
 
@@ -158,14 +160,26 @@ def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
-                      THETA: gl.constexpr, SHIFT: gl.constexpr, EXP_POLY: gl.constexpr = -1):
+                      THETA: gl.constexpr, SHIFT: gl.constexpr, EXP_POLY: gl.constexpr = -1, qk_scale_hi=None,
+                      HALVES: gl.constexpr = False):
     """:func:`.fa3._softmax_step` for the FP8 kernel: S (Br, Bc), m, l (Br,) in log2 units.
     Returns P = 2^SHIFT exp2(S * scale - m_new) (Br, Bc), m_new, l_new, alpha = exp2(m - m_new)
     (Br,) and whether O must be rescaled (a scalar; True when THETA < 0). THETA >= 0: conditional
     rescaling, m_new = m unless some row of the warpgroup rose above its m by more than THETA.
     Only rows below N_Q vote: past the last query the tile's rows are the next head's.
-    EXP_POLY: P's exp2 in software on Bc / 2^EXP_POLY of the columns (:func:`.fa3._exp2_tile`)."""
-    s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
+    EXP_POLY: P's exp2 in software on Bc / 2^EXP_POLY of the columns (:func:`.fa3._exp2_tile`).
+    HALVES: keys [Bc/2, Bc) have their own K descale, so S's second half is scaled by
+    ``qk_scale_hi`` (S = Q8 K8^T r dk, dk one per Bc/2 keys; :func:`.fa3._halves`, no data moves)."""
+    if HALVES:
+        rows_of_s: gl.constexpr = gl.SliceLayout(1, s.type.layout)
+        W: gl.constexpr = s.shape[1] // 2
+        s_lo, s_hi = fa3._halves(s)
+        s_lo, max_lo = fa3._masked_row_max(s_lo, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
+        s_hi, max_hi = fa3._masked_row_max(s_hi, row0, start_n + W, N_K, causal_offset, qk_scale_hi, masked, CAUSAL)
+        row_max = gl.maximum(gl.convert_layout(max_lo, rows_of_s, assert_trivial=True),
+                             gl.convert_layout(max_hi, rows_of_s, assert_trivial=True))
+    else:
+        s, row_max = fa3._masked_row_max(s, row0, start_n, N_K, causal_offset, qk_scale, masked, CAUSAL)
     m_new = gl.maximum(m_i, row_max)  # m_new = max(m, rowmax(S))
     rescale = True
     if THETA >= 0:  # rise: how far the warpgroup's maxima passed m (a row's first key: +inf)
@@ -174,7 +188,19 @@ def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_sc
         rise = gl.reduce(gl.where(rises, m_new - m_i, 0.0), 0, fa3._maximum)  # over the Br rows
         rescale = rise > THETA
         m_new = gl.where(rescale, m_new, m_i)  # every row keeps its m, or every row moves
-    p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT, EXP_POLY)
+    if HALVES:  # each half as its own tile, l the sum of the two halves' row sums
+        rows_lo: gl.constexpr = gl.SliceLayout(1, s_lo.type.layout)
+        m_lo = gl.convert_layout(m_i, rows_lo, assert_trivial=True)
+        m_new_lo = gl.convert_layout(m_new, rows_lo, assert_trivial=True)
+        p_lo, l_lo, alpha = fa3._exp_step(s_lo, m_lo, m_new_lo, gl.convert_layout(l_i, rows_lo, assert_trivial=True),
+                                          qk_scale, SHIFT, EXP_POLY)
+        p_hi, l_hi, _ = fa3._exp_step(s_hi, m_lo, m_new_lo, gl.zeros([s.shape[0]], gl.float32, rows_lo), qk_scale_hi,
+                                      SHIFT, EXP_POLY)
+        p = fa3._join_halves(p_lo, p_hi, s)
+        l_i = gl.convert_layout(l_lo + l_hi, rows_of_s, assert_trivial=True)
+        alpha = gl.convert_layout(alpha, rows_of_s, assert_trivial=True)
+    else:
+        p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT, EXP_POLY)
     return p, m_new, l_i, alpha, rescale
 
 
@@ -221,6 +247,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     # 8-bit A operand from registers: four consecutive k per 32-bit register
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    HALVES: gl.constexpr = K_SB % BLOCK_N != 0  # a K descale per Bc/2 keys (K_SB a multiple of Bc/2)
     q = q_smem.index(WG)
     p_buf = p_smem.index(WG)  # P_SMEM: this warpgroup's P tile
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
@@ -254,15 +281,17 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
         f = r
+        f_hi = r
         if K_SB != 0:
             f = r * _descale_at(KD, bh, NKB, 0, K_SB)  # S = (Q8 K8^T) r dk_0
+            f_hi = r * _descale_at(KD, bh, NKB, BLOCK_N // 2, K_SB)  # keys [Bc/2, Bc) (HALVES)
         fa3._stamp(STAMP, here, WG, fa3._WAIT_S, 0, STAMPS)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(first), count=1)
         fa3._stamp(STAMP, here, WG, fa3._SOFTMAX, 0, STAMPS)
         p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_Q, N_K, causal_offset, f,
                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
-                                                        CAUSAL, THETA, SHIFT, EXP_POLY)
+                                                        CAUSAL, THETA, SHIFT, EXP_POLY, f_hi, HALVES)
         fa3._stamp(STAMP, here, WG, fa3._CONVERT, 0, STAMPS)
         if P_SMEM:  # no P V is in flight: the last tile's final one was waited for
             _p_to_shared(p, p_buf, BLOCK_M, BLOCK_N)
@@ -278,8 +307,10 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             start_n = j * BLOCK_N
             f = r
+            f_hi = r
             if K_SB != 0:
                 f = r * _descale_at(KD, bh, NKB, start_n, K_SB)  # read while S_j is on the tensor cores
+                f_hi = r * _descale_at(KD, bh, NKB, start_n + BLOCK_N // 2, K_SB)
             fa3._stamp(STAMP, here, WG, fa3._RESCALE, j - 1, STAMPS)
             o = _rescale(o, alpha, rescale, row_o)
             fa3._stamp(STAMP, here, WG, fa3._WAIT_V, j - 1, STAMPS)
@@ -298,7 +329,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             fa3._stamp(STAMP, here, WG, fa3._SOFTMAX, j, STAMPS)
             p_next, m_i, l_i, alpha, rescale = _fp8_softmax_step(
                 s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, f,
-                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT, EXP_POLY)
+                fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT, EXP_POLY,
+                f_hi, HALVES)
             # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
             fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, j - 1, STAMPS)
@@ -379,7 +411,7 @@ def _rescaling(rescale_threshold: object) -> dict[str, float]:
     return {"THETA": -1.0, "SHIFT": P_SHIFT} if theta is None else {"THETA": theta, "SHIFT": P_SHIFT - theta}
 
 
-def _check(q, k, v, q_block, k_block, v_block, out_dtype, block_n: int = fa3.BLOCK_N) -> None:
+def _check(q, k, v, q_block, k_block, v_block, out_dtype) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -389,7 +421,7 @@ def _check(q, k, v, q_block, k_block, v_block, out_dtype, block_n: int = fa3.BLO
     fa3.check_shapes(q, k, v, HEAD_DIMS)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16; got {out_dtype}")
-    for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, block_n)):
+    for name, block, multiple in (("q_block", q_block, fa3.BLOCK_M), ("k_block", k_block, fa3.BLOCK_N)):
         if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1
                                   or block % multiple):
             raise ValueError(f"{name} must be None or a positive multiple of {multiple} (one descale per "
@@ -464,18 +496,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     ``stamps``, ``stamp_at``: time stamps of one tile, as :func:`flashlab.kernels.fa3.forward`
     takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer); ``poly_fraction``: the share
     of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d); ``p_smem``: P
-    through shared memory at Bc = 256 (None: :data:`P_SMEM`'s default for d; k_block then a
-    multiple of 256). Returns o and lse2 (log2 units)."""
+    through shared memory at Bc = 256 (None: :data:`P_SMEM`'s default for d). Returns o and lse2
+    (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
         _exp_poly(0, poly_fraction)  # checked before the tensors are
     if p_smem is not None and not isinstance(p_smem, bool):
         raise TypeError(f"p_smem must be None, True or False; got {p_smem!r}")
-    d = q.shape[-1] if isinstance(q, torch.Tensor) else 0  # checked by _check
-    c = config(d, P_SMEM.get(d, False) if p_smem is None else p_smem)
-    _check(q, k, v, q_block, k_block, v_block, out_dtype, c["BLOCK_N"])
+    _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
+    c = config(D, False if p_smem is None and stamps is not None else p_smem)  # stamped: Bc = 128 (P_SMEM)
     scale = check_scale(scale, D)
     pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
     exp_poly = _exp_poly(D, poly_fraction)
@@ -543,7 +574,7 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
     the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
-    c = config(d, P_SMEM.get(d, False) if p_smem is None else p_smem)
+    c = config(d, False if p_smem is None and stamps else p_smem)  # stamped: Bc = 128 (P_SMEM)
     f8 = gl.float8e4nv
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
     constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,

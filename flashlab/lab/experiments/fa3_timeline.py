@@ -80,7 +80,8 @@ def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0)
     FP8 kernel's "convert" only hands P over)."""
     from flashlab.kernels import fa3_fp8
 
-    stamps, stamp_at = _stamp_buffer(pre["q"], pre["k"], fa3_fp8.config(pre["q"].shape[-1]), at)
+    shape = fa3_fp8.config(pre["q"].shape[-1], False)  # a stamped build keeps Bc = 128 (fa3_fp8.P_SMEM)
+    stamps, stamp_at = _stamp_buffer(pre["q"], pre["k"], shape, at)
     o, lse2 = fa3_fp8.forward(**pre, causal=False, stamps=stamps, stamp_at=stamp_at)
     return o, lse2, stamps
 
