@@ -64,6 +64,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal, rescale_threshold=2)
         elif dtype == "float8_e4m3fn" and pingpong == "poly0.5":  # the FP8 kernel, poly_fraction = 1/2
             k = fa3_fp8.compile_sm90(d, causal, poly_fraction=0.5)
+        elif dtype == "float8_e4m3fn" and str(pingpong).startswith("psmem-"):  # p_smem, "psmem-<k_block or 0>"
+            k = fa3_fp8.compile_sm90(d, causal, k_block=int(pingpong[6:]) or None, p_smem=True)
         elif dtype == "float8_e4m3fn" and pingpong == "stamps":  # the FP8 kernel with time stamps
             k = fa3_fp8.compile_sm90(d, causal, stamps=True)
         elif dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
@@ -90,6 +92,7 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 FP8_COMBOS = [(d, causal) for d in (64, 128) for causal in (False, True)]
+P_SMEM_BUILDS = [(128, 0), (128, 128), (64, 128)]  # (d, k_block or 0): fa3_fp8's p_smem, not causal
 FP8_SWITCH_BUILDS = [(True, True), (False, True), (True, False), (False, False)]  # (pingpong, overlap)
 SCHEDULE_BUILDS = [("no_overlap", 128, False), ("no_warp_specialization", 128, False),
                    ("no_warp_specialization", 64, True)]
@@ -110,6 +113,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
     wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
     wanted += [("float8_e4m3fn", 128, False, "stamps")]
+    wanted += [("float8_e4m3fn", d, False, f"psmem-{kb}") for d, kb in P_SMEM_BUILDS]
     wanted += [("float8_e4m3fn", d, False, "poly0.5") for d in (64, 128)]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
@@ -573,6 +577,15 @@ def test_fp8_bad_poly_fraction_names_the_argument(fraction):
         fa3_fp8.forward(x, x, x, False, poly_fraction=fraction)
 
 
+@pytest.mark.parametrize("bad", [1, "yes", 0.0])
+def test_fp8_bad_p_smem_names_the_argument(bad):
+    x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
+    with pytest.raises(TypeError, match=r"p_smem must be None, True or False; got"):
+        fa3_fp8.forward(x, x, x, False, p_smem=bad)
+    with pytest.raises(TypeError, match=r"p_smem must be None, True or False"):
+        fa3_fp8.compile_sm90(128, p_smem=bad)
+
+
 def test_software_exp_uses_the_triton_kernels_cubic():
     """The Gluon software exp2 (fa3._poly_exp2) takes fa4's minimax cubic, c0 = 1 and c1..c3."""
     from flashlab.kernels import fa4
@@ -639,22 +652,23 @@ def test_fp8_v_layout_for_p_through_shared_memory():
     assert torch.equal(got.view(torch.uint8), padded[:, :, blocks].transpose(-2, -1))
 
 
-@pytest.mark.parametrize("d, causal, k_block", [(128, False, None), (128, False, 128), (64, False, 128)])
-def test_fp8_p_through_shared_memory_compiles_to_wide_stores(d, causal, k_block):
+@pytest.mark.parametrize("d, k_block", P_SMEM_BUILDS)
+def test_fp8_p_through_shared_memory_compiles_to_wide_stores(d, k_block):
     """p_smem=True: each consumer's key-block loop stores P with eight 16-byte stores (Br Bc bytes
     / 128 threads / 16), reads it back only through the P V wgmma (its A operand a shared-memory
     descriptor, no registers), and touches no local memory; k_block = 128 (a descale per half
-    block) adds a second row maximum's shuffles, nothing per score. (The causal builds are not
-    asserted here: at d = 128 the loop reads local memory three times.)"""
+    block) adds a second row maximum's shuffles, nothing per score. Without the mask; the causal
+    builds are not asserted here (at d = 128 the loop reads local memory three times). The two
+    shortest loops are the consumers': at d = 64 the tile loop around them can pass for one."""
     from flashlab.kernels import fa3_fp8
 
-    kernel = fa3_fp8.compile_sm90(d, causal, q_block=128, k_block=k_block, p_smem=True)
+    kernel = _compiled(torch.float8_e4m3fn, d, False, f"psmem-{k_block}")
     assert not re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3 \{[^}]*\}, \{",
                          kernel.asm["ptx"]), "P V with P from registers"
     sass = _sass(kernel.asm["cubin"])
     if not sass:
         pytest.skip("needs cuobjdump")
-    loops = key_block_loops(sass)
+    loops = sorted(key_block_loops(sass), key=len)[:2]
     assert len(loops) == 2 and _local_accesses(loops) == 0, [len(b) for b in loops]
     for body in loops:
         ops = [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]

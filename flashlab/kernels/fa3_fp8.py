@@ -99,6 +99,8 @@ def config(d: int, p_smem: bool | None = None) -> dict:
     per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, and O 2 * 64 * d two
     bytes an element, 144 KB at d = 128. ``p_smem``: Bc = 256, 2 stages, and each consumer's P
     tile, 2 * 64 * 256 bytes: 208 KB at d = 128 (None: :data:`P_SMEM`'s default for d)."""
+    if p_smem is not None and not isinstance(p_smem, bool):
+        raise TypeError(f"p_smem must be None, True or False; got {p_smem!r}")
     if P_SMEM.get(d, False) if p_smem is None else p_smem:
         return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": P_SMEM_BLOCK_N, "HEAD_D": d, "STAGES": 2, "P_SMEM": True}
     return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": False}
@@ -135,12 +137,14 @@ def _p_to_shared(p, p_buf, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     p = gl.reshape(p, [BLOCK_M, BLOCK_N // 8, 4, 2])  # (row, g, q, e)
     p = gl.permute(p, [0, 2, 1, 3])  # (row, q, g, e)
     p_buf.store(_to_e4m3(gl.reshape(p, [BLOCK_M, BLOCK_N])))
-    fence_async_shared()  # the stores are visible to the wgmma that reads p_buf
+    fence_async_shared()  # the stores are visible to the wgmma that reads p_buf (Triton adds the
+    # warpgroup barriers: before these stores, after the wgmma that last read p_buf, and after them)
 
 
 @gluon.jit
 def _pv_a(p, p_buf, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, P_SMEM: gl.constexpr):
-    """The A operand of O += P V: ``p_buf`` (P_SMEM: P is there already), or P from registers."""
+    """The A operand of O += P V, (Br, Bc) e4m3: ``p_buf`` (P_SMEM: P is there already), or P
+    (Br, Bc) fp32 from registers, made e4m3 in wgmma's register layout (:func:`_p_operand`)."""
     if P_SMEM:
         a = p_buf
     else:
@@ -382,6 +386,7 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
     o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
     p_smem = q_smem  # unread unless P_SMEM
     if P_SMEM:  # each consumer's P tile, (Br, Bc) e4m3
+        # 128-byte swizzle, 8-bit elements: the layout get_default_for gives Q, K and V^T here
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_N], gl.NVMMASharedLayout(128, 8))
     gl.warp_specialize([
         (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
@@ -501,8 +506,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
         _exp_poly(0, poly_fraction)  # checked before the tensors are
-    if p_smem is not None and not isinstance(p_smem, bool):
-        raise TypeError(f"p_smem must be None, True or False; got {p_smem!r}")
+    config(0, p_smem)  # p_smem checked before the tensors are
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
@@ -570,8 +574,8 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
                  rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: bool = False,
                  poly_fraction: float | None = None, p_smem: bool | None = None):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
-    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem`` as :func:`forward` takes them; ``stamps``:
-    the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
+    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem`` as :func:`forward`
+    takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = config(d, False if p_smem is None and stamps else p_smem)  # stamped: Bc = 128 (P_SMEM)

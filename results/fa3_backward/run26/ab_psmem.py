@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python results/fa3_backward/run26/ab_psmem.py OUT
 
-(device_run.sh's step ``psmem``.) ``fa3_fp8.forward(p_smem=True)`` takes Bc = 256, 2 stages,
+(device_run.sh's step ``psmem``; as of d93af5b.) ``fa3_fp8.forward(p_smem=True)`` takes Bc = 256, 2 stages,
 and stores P to shared memory as e4m3 for the P V product (``fa3_fp8._p_to_shared``); its K
 descale must then be one per head or per multiple of 256 keys. Contenders, in fa3._time_switches'
 rotated rounds at d = 128 x N = 16k and 4k, causal and not: ``cudnn`` (SDPA's cuDNN forward),
