@@ -872,6 +872,16 @@ def test_fp8_other_switches_match_too(case, pingpong, overlap):
     _fp8_matches_and_race_free(case, pingpong=pingpong, overlap=overlap)
 
 
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("case", [c for c in experiment.FP8_CASES if c[4] == 128], ids=str)
+def test_fp8_p_through_shared_memory_matches_too(case):
+    """p_smem=True (Bc = 256, P through shared memory, a K descale per 128 keys: both halves of a
+    key block scaled apart): as test_fp8_matches_dequantised_reference, and race-free."""
+    _fp8_matches_and_race_free(case, p_smem=True)
+
+
 def _fp8_matches_and_race_free(case: tuple, **kernel) -> None:
     """fp8_check_case's bounds at ``case``, and the race check at its d and mask, for the FP8
     kernel built with ``kernel`` (forward's keyword arguments)."""

@@ -87,7 +87,9 @@ POLY_FRACTION = {64: 0.0, 128: 0.0}
 # and read from there by the P V wgmma. With P in registers, Bc = 256 does not fit a consumer's
 # 240 registers (S 128, O 64, P 32 and the rest: ptxas spills); through shared memory P's
 # registers are free before the next S arrives. Per-block costs (the row statistics, O's rescale,
-# the barriers, the address work) are then paid once per 256 keys.
+# the barriers, the address work) are then paid once per 256 keys: +3.7 to +7.5 % at d = 128 on an
+# H200 with one K descale a head (results/fa3_backward/run26). Off until its GPU tests and its
+# time with a K descale per 128 keys, the bench's, have run (the README's "Run 27").
 P_SMEM = {64: False, 128: False}
 P_SMEM_BLOCK_N = 256
 # A stamped build (``stamps``) keeps Bc = 128 unless ``p_smem`` is given: at Bc = 256 the time

@@ -600,7 +600,7 @@ def _staircase(q: torch.Tensor, k: torch.Tensor, rise: float, seed: int) -> tupl
 def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, seed: int = 0,
                    pingpong: bool | None = None, overlap: bool | None = None,
                    rescale_threshold: float | None = None, staircase: float = 0.0,
-                   poly_fraction: float | None = None) -> dict[str, object]:
+                   poly_fraction: float | None = None, p_smem: bool | None = None) -> dict[str, object]:
     """The Gluon FP8 forward against float64 attention of its dequantised inputs (RMSE), beside the
     Triton FP8 kernel on the same inputs and beside an emulation of the Gluon kernel's own rounding
     of P (:func:`fp8_emulated_rmse`); lse against the reference's. ok: RMSE at most 1.25x the
@@ -609,7 +609,8 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     built against it), lse within 1e-3 relative, -inf exactly where a row sees no key.
     ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES);
     ``rescale_threshold``: conditional rescaling (None: rescale at every block); ``poly_fraction``:
-    the share of P's exp2 in software (None: fa3_fp8.POLY_FRACTION); ``staircase``:
+    the share of P's exp2 in software (None: fa3_fp8.POLY_FRACTION); ``p_smem``: P through shared
+    memory at Bc = 256 (None: fa3_fp8.P_SMEM); ``staircase``:
     scores whose block maxima climb this much a key block (:func:`_staircase`), where conditional
     rescaling keeps a stale maximum for blocks on end."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
@@ -620,12 +621,12 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     o_ref, lse_ref = attention(*deq, causal=causal, return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
     o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap,
-                          rescale_threshold=rescale_threshold, poly_fraction=poly_fraction)
+                          rescale_threshold=rescale_threshold, poly_fraction=poly_fraction, p_smem=p_smem)
     lse = lse2 * LN2
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
     rmse_tri = ((o_tri.double().cpu() - o_ref) ** 2).mean().sqrt().item()
-    rmse_emu = fp8_emulated_rmse(deq, o_ref.numpy(), causal, rescale_threshold)
+    rmse_emu = fp8_emulated_rmse(deq, o_ref.numpy(), causal, rescale_threshold, p_smem)
     lse = lse.double().cpu()
     finite = torch.isfinite(lse_ref)
     same_inf = bool(torch.equal(finite, torch.isfinite(lse))) and bool((lse[~finite] == float("-inf")).all())
@@ -639,10 +640,11 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
 
 
 def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
-                      rescale_threshold: float | None = None) -> float:
+                      rescale_threshold: float | None = None, p_smem: bool | None = None) -> float:
     """RMSE against ``o_ref`` of the Gluon FP8 kernel's softmax arithmetic emulated in float64:
-    online softmax over its key blocks (Bc = 128) with its warpgroups' rule for moving m (64 rows
-    decide together; theta = 0 without a threshold, which moves m whenever a row's maximum rises),
+    online softmax over its key blocks (Bc = 128, or 256 with ``p_smem``: fa3_fp8.config) with its
+    warpgroups' rule for moving m (64 rows decide together; theta = 0 without a threshold, which
+    moves m whenever a row's maximum rises),
     and P = 2^SHIFT exp2(S - m) (SHIFT = 8 - theta, as the kernel takes them from
     ``rescale_threshold``) rounded to e4m3 before P V. Left out: the kernel's rounding of O to
     bf16 and the FP8 wgmma's own accumulation, so this bounds the size of the kernel's error, not
@@ -655,7 +657,7 @@ def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
     if np.shape(o_ref) != q.shape[:-1] + (qkv[2].shape[-1],):
         raise ValueError(f"o_ref must have shape {q.shape[:-1] + (qkv[2].shape[-1],)} (Q's rows, V's width); "
                          f"got {np.shape(o_ref)}")
-    shape, rule = fa3_fp8.config(q.shape[-1]), fa3_fp8._rescaling(rescale_threshold)
+    shape, rule = fa3_fp8.config(q.shape[-1], p_smem), fa3_fp8._rescaling(rescale_threshold)
     theta = max(rule["THETA"], 0.0)  # THETA < 0: rescale at every block, the rule of theta = 0
     o = conditional_attention(*qkv, theta, shape["BLOCK_N"], causal, row_group=shape["BLOCK_M"],
                               p_format="e4m3", p_shift=rule["SHIFT"]).o
@@ -664,13 +666,14 @@ def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
 
 def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
                    pingpong: bool | None = None, overlap: bool | None = None,
-                   rescale_threshold: float | None = None, poly_fraction: float | None = None) -> dict[str, object]:
+                   rescale_threshold: float | None = None, poly_fraction: float | None = None,
+                   p_smem: bool | None = None) -> dict[str, object]:
     """The FP8 kernel twice on the same inputs gives identical bits; a NaN-filled output is overwritten."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
 
     pre = _fp8_inputs(B, H, n, n, d, 1)
     switched = dict(causal=causal, pingpong=pingpong, overlap=overlap, rescale_threshold=rescale_threshold,
-                    poly_fraction=poly_fraction)
+                    poly_fraction=poly_fraction, p_smem=p_smem)
     o1, lse1 = fp8_forward(**pre, **switched)
     poisoned = torch.full_like(o1, float("nan"))
     o2, lse2 = fp8_forward(**pre, **switched, out=poisoned)
