@@ -64,6 +64,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal, rescale_threshold=2)
         elif dtype == "float8_e4m3fn" and pingpong == "poly0.5":  # the FP8 kernel, poly_fraction = 1/2
             k = fa3_fp8.compile_sm90(d, causal, poly_fraction=0.5)
+        elif dtype == "float8_e4m3fn" and pingpong == "consumers3":  # three consumers, P through shared memory
+            k = fa3_fp8.compile_sm90(d, causal, consumers=3)
         elif dtype == "float8_e4m3fn" and str(pingpong).startswith("psmem-"):  # p_smem, "psmem-<k_block or 0>"
             k = fa3_fp8.compile_sm90(d, causal, k_block=int(pingpong[6:]) or None, p_smem=True)
         elif dtype == "float8_e4m3fn" and pingpong == "stamps":  # the FP8 kernel with time stamps
@@ -114,6 +116,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
     wanted += [("float8_e4m3fn", 128, False, "stamps")]
     wanted += [("float8_e4m3fn", d, False, f"psmem-{kb}") for d, kb in P_SMEM_BUILDS]
+    wanted += [("float8_e4m3fn", d, False, "consumers3") for d in (64, 128)]
     wanted += [("float8_e4m3fn", d, False, "poly0.5") for d in (64, 128)]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
@@ -577,6 +580,37 @@ def test_fp8_bad_poly_fraction_names_the_argument(fraction):
         fa3_fp8.forward(x, x, x, False, poly_fraction=fraction)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_three_consumers_compile_without_local_memory_in_their_loops(d):
+    """consumers=3: three key-block loops, one a consumer, none touching local memory (S and O in
+    160 registers, P in shared memory: four 16-byte stores a block of 128 keys), setmaxnreg
+    raising two consumers to 160, and the three consumers' Q, O and P tiles beside the 3-stage
+    ring in shared memory."""
+    kernel = _compiled(torch.float8_e4m3fn, d, False, "consumers3")
+    assert "setmaxnreg.inc.sync.aligned.u32 \t160;" in kernel.asm["ptx"]
+    ring = 3 * 2 * fa3.BLOCK_N * d  # K and V^T, one byte an element
+    tiles = 3 * (fa3.BLOCK_M * d + fa3.BLOCK_M * fa3.BLOCK_N + 2 * fa3.BLOCK_M * d)  # Q, P, O (bf16)
+    assert ring + tiles <= kernel.metadata.shared <= ring + tiles + 2048
+    sass = _sass(kernel.asm["cubin"])
+    if not sass:
+        pytest.skip("needs cuobjdump")
+    loops = sorted(key_block_loops(sass), key=len)[:3]
+    assert len(loops) == 3 and _local_accesses(loops) == 0, [len(b) for b in loops]
+    for body in loops:
+        assert sum(o.strip().startswith("STS.128") for o in body) == fa3.BLOCK_M * fa3.BLOCK_N // (128 * 16)
+
+
+def test_fp8_bad_consumers_names_the_argument():
+    x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the arguments are checked first
+    for bad in (1, 4, True, "3"):
+        with pytest.raises(ValueError, match=r"consumers must be None, 2 or 3; got"):
+            fa3_fp8.forward(x, x, x, False, consumers=bad)
+    with pytest.raises(ValueError, match=r"consumers=3 takes P through shared memory: p_smem must be None or True"):
+        fa3_fp8.forward(x, x, x, False, consumers=3, p_smem=False)
+    with pytest.raises(ValueError, match=r"consumers=3 runs without ping-pong and without stamps; got pingpong=True"):
+        fa3_fp8.compile_sm90(128, consumers=3, pingpong=True)
+
+
 @pytest.mark.parametrize("bad", [1, "yes", 0.0])
 def test_fp8_bad_p_smem_names_the_argument(bad):
     x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
@@ -880,6 +914,17 @@ def test_fp8_p_through_shared_memory_matches_too(case):
     """p_smem=True (Bc = 256, P through shared memory, a K descale per 128 keys: both halves of a
     key block scaled apart): as test_fp8_matches_dequantised_reference, and race-free."""
     _fp8_matches_and_race_free(case, p_smem=True)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("case", experiment.FP8_CASES + [(4, 16, 2048, 2048, 128, False)], ids=str)
+def test_fp8_three_consumers_match_too(case):
+    """consumers=3 (P through shared memory at Bc = 128): as test_fp8_matches_dequantised_reference,
+    and race-free; the last case has more tiles than SMs, so programs carry their ring and barriers
+    from one tile to the next."""
+    _fp8_matches_and_race_free(case, consumers=3)
 
 
 def _fp8_matches_and_race_free(case: tuple, **kernel) -> None:

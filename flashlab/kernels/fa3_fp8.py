@@ -94,18 +94,41 @@ P_SMEM = {64: False, 128: False}
 P_SMEM_BLOCK_N = 256
 # A stamped build (``stamps``) keeps Bc = 128 unless ``p_smem`` is given: at Bc = 256 the time
 # stamps' registers make ptxas spill inside the key-block loop.
+# Consumer warpgroups a program (``consumers``): 2, or 3 with P through shared memory at Bc = 128
+# (a tile of 192 query rows; setmaxnreg gives consumers 1 and 2 160 registers a thread, consumer 0
+# 168, as fa3.MAXNREG_3 explains). Three consumers' S (64 registers), O (64) and the rest fit 160
+# without P's registers (compiled: no local memory in the key-block loop at d = 64 and at d = 128
+# without the mask); ping-pong's turns are for two, so it is off. Not yet run on a GPU.
+CONSUMERS = {64: 2, 128: 2}
 
 
-def config(d: int, p_smem: bool | None = None) -> dict:
+def config(d: int, p_smem: bool | None = None, consumers: int | None = None) -> dict:
     """Tiles and ring depth: Br = 64 rows per consumer, Bc = 128 keys, 3 stages. Shared memory
     per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, and O 2 * 64 * d two
     bytes an element, 144 KB at d = 128. ``p_smem``: Bc = 256, 2 stages, and each consumer's P
-    tile, 2 * 64 * 256 bytes: 208 KB at d = 128 (None: :data:`P_SMEM`'s default for d)."""
+    tile, 2 * 64 * 256 bytes: 208 KB at d = 128 (None: :data:`P_SMEM`'s default for d).
+    ``consumers`` = 3 (None: :data:`CONSUMERS`' default for d): Bc = 128, 3 stages, P through
+    shared memory, 3 * (64 * d + 64 * 128 + 2 * 64 * d) + 3 * 2 * 128 * d bytes, 192 KB at d = 128."""
     if p_smem is not None and not isinstance(p_smem, bool):
         raise TypeError(f"p_smem must be None, True or False; got {p_smem!r}")
+    n = CONSUMERS.get(d, 2) if consumers is None else consumers
+    if isinstance(n, bool) or n not in (2, 3):
+        raise ValueError(f"consumers must be None, 2 or 3; got {consumers!r}")
+    if n == 3:
+        if p_smem is False:
+            raise ValueError("consumers=3 takes P through shared memory: p_smem must be None or True; got False")
+        return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": True,
+                "CONSUMERS": 3}
     if P_SMEM.get(d, False) if p_smem is None else p_smem:
-        return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": P_SMEM_BLOCK_N, "HEAD_D": d, "STAGES": 2, "P_SMEM": True}
-    return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": False}
+        return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": P_SMEM_BLOCK_N, "HEAD_D": d, "STAGES": 2, "P_SMEM": True,
+                "CONSUMERS": 2}
+    return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": False,
+            "CONSUMERS": 2}
+
+
+def _registers(c: dict) -> int:
+    """The kernel's maxnreg for a :func:`config`: two consumers or three (fa3.MAXNREG, MAXNREG_3)."""
+    return fa3.MAXNREG_3 if c["CONSUMERS"] == 3 else fa3.MAXNREG
 
 
 @gluon.jit
@@ -237,7 +260,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                   PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                   SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
-                  STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False):
+                  STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False,
+                  CONSUMERS: gl.constexpr = 2):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
     program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
     (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax).
@@ -264,8 +288,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         if WG == 1:  # consumer 0 goes first
             mbarrier.arrive(turn.index(0), count=1)
 
-    for tj in range(fa3._tile_count(N_Q, BH, DEAL, BLOCK_M)):
-        bh, m0, n_blocks, tile = fa3._tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N)
+    for tj in range(fa3._tile_count(N_Q, BH, DEAL, BLOCK_M, CONSUMERS)):
+        bh, m0, n_blocks, tile = fa3._tile(tj, N_Q, N_K, DEAL, CAUSAL, BLOCK_M, BLOCK_N, CONSUMERS)
         here = tile == STAMP_AT
         row0 = m0 + WG * BLOCK_M
         first_row_keys = row0 + causal_offset + 1
@@ -380,26 +404,42 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
                     STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                     PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                     SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
-                    STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False):
+                    STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False,
+                    CONSUMERS: gl.constexpr = 2):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
     (B * H * d, N_k), O as (B * H * N_q, d). STAMPS: tile STAMP_AT writes the time stamps of its
     phases into STAMP (:func:`.fa3._stamp`), as the bf16 kernel's do."""
-    q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES)
-    o_smem = gl.allocate_shared_memory(desc_o.dtype, [2] + desc_o.block_type.shape, desc_o.layout)
+    q_smem, k_smem, v_smem, bars, turn = fa3._ring(desc_q, desc_k, desc_vt, STAGES, CONSUMERS)
+    o_smem = gl.allocate_shared_memory(desc_o.dtype, [CONSUMERS] + desc_o.block_type.shape, desc_o.layout)
     p_smem = q_smem  # unread unless P_SMEM
     if P_SMEM:  # each consumer's P tile, (Br, Bc) e4m3
         # 128-byte swizzle, 8-bit elements: the layout get_default_for gives Q, K and V^T here
-        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_N], gl.NVMMASharedLayout(128, 8))
-    gl.warp_specialize([
-        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+        p_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, BLOCK_M, BLOCK_N], gl.NVMMASharedLayout(128, 8))
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM)),
-        (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM)),
-        (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS)),
-    ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
+            (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+        ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
+    else:  # three consumers: no ping-pong (its turns are for two), registers as fa3.MAXNREG_3
+        gl.warp_specialize([
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
+                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
+                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 2, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
+                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
+            (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
+        ], [4, 4, 1], [fa3.CONSUMER_REGS_3, fa3.CONSUMER_REGS_3, fa3.PRODUCER_REGS])
 
 
 def _exp_poly(d: int, poly_fraction: object) -> int:
@@ -496,25 +536,28 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             overlap: bool | None = None,
             rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: torch.Tensor | None = None,
             stamp_at: int = 0, poly_fraction: float | None = None,
-            p_smem: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            p_smem: bool | None = None, consumers: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
     :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d);
     ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8];
     ``stamps``, ``stamp_at``: time stamps of one tile, as :func:`flashlab.kernels.fa3.forward`
     takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer); ``poly_fraction``: the share
     of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d); ``p_smem``: P
-    through shared memory at Bc = 256 (None: :data:`P_SMEM`'s default for d). Returns o and lse2
-    (log2 units)."""
+    through shared memory at Bc = 256 (None: :data:`P_SMEM`'s default for d); ``consumers``: 2 or
+    3 consumer warpgroups (None: :data:`CONSUMERS`' default; 3 takes P through shared memory at
+    Bc = 128, no ping-pong and no stamps). Returns o and lse2 (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
         _exp_poly(0, poly_fraction)  # checked before the tensors are
-    config(0, p_smem)  # p_smem checked before the tensors are
+    config(0, p_smem, consumers)  # p_smem and consumers checked before the tensors are
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
-    c = config(D, False if p_smem is None and stamps is not None else p_smem)  # stamped: Bc = 128 (P_SMEM)
+    stamped = stamps is not None and consumers != 3  # a stamped build keeps Bc = 128 (P_SMEM)
+    c = config(D, False if p_smem is None and stamped else p_smem, consumers)
     scale = check_scale(scale, D)
     pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
+    _three_consumers_allow(c, pingpong, stamps is not None)
     exp_poly = _exp_poly(D, poly_fraction)
     qd = _descale("q_descale", q_descale, q_block, B, H, N_Q, q.device)
     kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
@@ -536,12 +579,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
              TensorDescriptor.from_tensor(k.view(-1, D), [c["BLOCK_N"], D], k_layout),
              TensorDescriptor.from_tensor(vt.reshape(-1, vt.shape[-1]), [D, c["BLOCK_N"]], vt_layout),
              fa3.o_descriptor(o))
-    n_programs, deal = fa3.programs(triton.cdiv(N_Q, 2 * c["BLOCK_M"]) * B * H, bool(causal), q.device)
+    n_programs, deal = fa3.programs(triton.cdiv(N_Q, c["CONSUMERS"] * c["BLOCK_M"]) * B * H, bool(causal), q.device)
     _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
                                    scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
                                    PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, **stamping, EXP_POLY=exp_poly,
-                                   num_warps=fa3.NUM_WARPS, maxnreg=fa3.MAXNREG)
+                                   num_warps=fa3.NUM_WARPS, maxnreg=_registers(c))
     return o, lse2
+
+
+def _three_consumers_allow(c: dict, pingpong: bool, stamps: bool) -> None:
+    """Three consumers (``c`` from :func:`config`) run without ping-pong and without stamps."""
+    if c["CONSUMERS"] == 3 and (pingpong or stamps):
+        raise ValueError(f"consumers=3 runs without ping-pong and without stamps; got pingpong={pingpong}, "
+                         f"stamps={'given' if stamps else None}")
 
 
 def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -574,15 +624,17 @@ def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
                  out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None,
                  rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: bool = False,
-                 poly_fraction: float | None = None, p_smem: bool | None = None):
+                 poly_fraction: float | None = None, p_smem: bool | None = None, consumers: int | None = None):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
-    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem`` as :func:`forward`
-    takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
+    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem``, ``consumers`` as
+    :func:`forward` takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
-    c = config(d, False if p_smem is None and stamps else p_smem)  # stamped: Bc = 128 (P_SMEM)
+    stamped = bool(stamps) and consumers != 3  # a stamped build keeps Bc = 128 (P_SMEM)
+    c = config(d, False if p_smem is None and stamped else p_smem, consumers)
     f8 = gl.float8e4nv
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
+    _three_consumers_allow(c, pingpong, bool(stamps))
     constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
                       OVERLAP=overlap, **_rescaling(rescale_threshold), **c, STAMP_AT=0,
                       EXP_POLY=_exp_poly(d, poly_fraction),
@@ -597,4 +649,4 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
                  **{k: "constexpr" for k in constexprs}} | ({"STAMP": "*i64"} if stamps else {})
     pointers = tuple(_fa3_fp8_kernel.arg_names.index(name)
                      for name in ("O", "LSE", "QD", "KD", "VD") + (("STAMP",) if stamps else ()))
-    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, pointers, fa3.NUM_WARPS, fa3.MAXNREG)
+    return fa3.compile_for_sm90(_fa3_fp8_kernel, signature, constexprs, pointers, fa3.NUM_WARPS, _registers(c))

@@ -30,9 +30,10 @@
 #   psmem   run 26: change 25 (P through shared memory at Bc = 256) against the kernel at Bc = 128, K
 #           one descale a head for both, beside the bench's FP8 inputs (../run26/ab_psmem.py)
 #   tps     run 27: the FP8 GPU tests (float64 reference, races, conditional rescaling) with
-#           fa3_fp8.P_SMEM[128] = True, so that the d = 128 cases run change 25
-#   psmem2  run 27: change 25 with the bench's FP8 inputs (K a descale per 128 keys) against Bc = 128
-#           (../run27/ab_psmem_bench.py)
+#           fa3_fp8.P_SMEM[128] = True, so that the d = 128 cases run change 25, then change 25's
+#           and change 26's own GPU tests (p_smem=True, consumers=3)
+#   psmem2  run 27: changes 25 and 26 with the bench's FP8 inputs (K a descale per 128 keys) against
+#           main (../run27/ab_psmem_bench.py)
 #   ncu23   run 25: Nsight Compute's stall samples per SASS instruction of the FP8 kernel with change
 #           23 and without it (../run24/ncu_tree.py)
 #   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
@@ -119,13 +120,14 @@ fa3_timeline.run_fp8(Path(sys.argv[1]))
       AB_PATCH=$P AB_NAME=ab_skip AB_WITHOUT=fp8_main PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/skip
       exit \$(( a | \$? ))" ;;
   psmem) step psmem 220 env PYTHONPATH=. python $D/../run26/ab_psmem.py $OUT/psmem ;;
-  tps) step tps 200 python -c "
+  tps) step tps 260 python -c "
 import sys, pytest
 from flashlab.kernels import fa3_fp8
 fa3_fp8.P_SMEM[128] = True
 sys.exit(pytest.main(['-m', 'gpu', 'tests/test_kernels_gluon.py', '-q', '-p', 'no:cacheprovider',
-                      '-k', 'fp8_matches_dequantised or fp8_race_free or conditional_rescaling']))" ;;
-  psmem2) step psmem2 200 env PYTHONPATH=. python $D/../run27/ab_psmem_bench.py $OUT/psmem2 ;;
+                      '-k', 'fp8_matches_dequantised or fp8_race_free or conditional_rescaling'
+                      ' or shared_memory_matches or three_consumers_match']))" ;;
+  psmem2) step psmem2 260 env PYTHONPATH=. python $D/../run27/ab_psmem_bench.py $OUT/psmem2 ;;
   ncu23) P=$D/../run24/change23.patch
     patched $P step ncu23 200 bash -c "cd $D/../run24 && AB_PATCH=$P ncu --clock-control none -k regex:_fa3_fp8_kernel \
       --launch-skip 2 -c 2 --section WarpStateStats --section SourceCounters --section SchedulerStats \
