@@ -582,12 +582,14 @@ def test_fp8_bad_poly_fraction_names_the_argument(fraction):
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_fp8_three_consumers_compile_without_local_memory_in_their_loops(d):
-    """consumers=3: three key-block loops, one a consumer, none touching local memory (S and O in
+    """consumers=3: three key-block loops, one per consumer, none touching local memory (S and O in
     160 registers, P in shared memory: four 16-byte stores a block of 128 keys), setmaxnreg
     raising two consumers to 160, and the three consumers' Q, O and P tiles beside the 3-stage
     ring in shared memory."""
     kernel = _compiled(torch.float8_e4m3fn, d, False, "consumers3")
     assert "setmaxnreg.inc.sync.aligned.u32 \t160;" in kernel.asm["ptx"]
+    assert not re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3 \{[^}]*\}, \{",
+                         kernel.asm["ptx"]), "P V with P from registers"
     ring = 3 * 2 * fa3.BLOCK_N * d  # K and V^T, one byte an element
     tiles = 3 * (fa3.BLOCK_M * d + fa3.BLOCK_M * fa3.BLOCK_N + 2 * fa3.BLOCK_M * d)  # Q, P, O (bf16)
     assert ring + tiles <= kernel.metadata.shared <= ring + tiles + 2048
@@ -597,7 +599,8 @@ def test_fp8_three_consumers_compile_without_local_memory_in_their_loops(d):
     loops = sorted(key_block_loops(sass), key=len)[:3]
     assert len(loops) == 3 and _local_accesses(loops) == 0, [len(b) for b in loops]
     for body in loops:
-        assert sum(o.strip().startswith("STS.128") for o in body) == fa3.BLOCK_M * fa3.BLOCK_N // (128 * 16)
+        ops = [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]
+        assert ops.count("STS.128") == fa3.BLOCK_M * fa3.BLOCK_N // (128 * 16), ops.count("STS.128")
 
 
 def test_fp8_bad_consumers_names_the_argument():
@@ -919,12 +922,22 @@ def test_fp8_p_through_shared_memory_matches_too(case):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("case", experiment.FP8_CASES + [(4, 16, 2048, 2048, 128, False)], ids=str)
+@pytest.mark.parametrize("case", experiment.FP8_CASES + [(2, 16, 2048, 2048, 128, c) for c in (False, True)], ids=str)
 def test_fp8_three_consumers_match_too(case):
     """consumers=3 (P through shared memory at Bc = 128): as test_fp8_matches_dequantised_reference,
-    and race-free; the last case has more tiles than SMs, so programs carry their ring and barriers
-    from one tile to the next."""
-    _fp8_matches_and_race_free(case, consumers=3)
+    and race-free; the last two cases have more tiles than twice the SMs, so programs carry their
+    ring and barriers from one tile to the next (causal: tiles dealt in pairs), and so does the race
+    check, run at their size."""
+    B, H, n_q, n_k, d, causal = case
+    row = experiment.fp8_check_case(*case, consumers=3)
+    assert row["ok"], f"{case}: {row}"
+    tiles = -(-n_q // (3 * fa3.BLOCK_M)) * B * H
+    if tiles >= 2 * torch.cuda.get_device_properties(0).multi_processor_count:
+        race = experiment.fp8_race_check(B, H, n_q, d, causal, consumers=3)
+        assert race["ok"], race
+    else:
+        race = experiment.fp8_race_check(d=d, causal=causal, consumers=3)
+        assert race["ok"], race
 
 
 def _fp8_matches_and_race_free(case: tuple, **kernel) -> None:

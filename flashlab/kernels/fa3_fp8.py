@@ -1,8 +1,8 @@
 """FlashAttention-3's FP8 forward (Shah et al. 2024, §3.3) in Gluon, for Hopper (sm_90).
 
-The program of :mod:`.fa3` (producer warp, two consumer warpgroups, S_next issued before this
-block's softmax; ping-pong's turns a switch, off by default: :data:`SWITCHES`), with e4m3
-operands in both GEMMs:
+The program of :mod:`.fa3` (producer warp, two consumer warpgroups, or three with
+``consumers=3``, S_next issued before this block's softmax; ping-pong's turns a switch, off by
+default: :data:`SWITCHES`), with e4m3 operands in both GEMMs:
 
     S_ij = (Q8_i K8_j^T) * r_i * dk_j        fp8 x fp8 wgmma, fp32 accumulator; r_i = scale log2(e) dq_i
     P_ij = 2^8 exp2(S_ij - m_new)            in (0, 256]: e4m3's normal range starts at 2^-6
@@ -111,12 +111,14 @@ def config(d: int, p_smem: bool | None = None, consumers: int | None = None) -> 
     shared memory, 3 * (64 * d + 64 * 128 + 2 * 64 * d) + 3 * 2 * 128 * d bytes, 192 KB at d = 128."""
     if p_smem is not None and not isinstance(p_smem, bool):
         raise TypeError(f"p_smem must be None, True or False; got {p_smem!r}")
-    n = CONSUMERS.get(d, 2) if consumers is None else consumers
-    if isinstance(n, bool) or n not in (2, 3):
+    if consumers is not None and (isinstance(consumers, bool) or not isinstance(consumers, int)
+                                  or consumers not in (2, 3)):
         raise ValueError(f"consumers must be None, 2 or 3; got {consumers!r}")
+    if consumers == 3 and p_smem is False:
+        raise ValueError("consumers=3 takes P through shared memory: p_smem must be None or True; got False")
+    # the default count yields to p_smem=False, which asks for P from registers: two consumers
+    n = consumers or (2 if p_smem is False else CONSUMERS.get(d, 2))
     if n == 3:
-        if p_smem is False:
-            raise ValueError("consumers=3 takes P through shared memory: p_smem must be None or True; got False")
         return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": True,
                 "CONSUMERS": 3}
     if P_SMEM.get(d, False) if p_smem is None else p_smem:
@@ -553,7 +555,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
-    stamped = stamps is not None and consumers != 3  # a stamped build keeps Bc = 128 (P_SMEM)
+    stamped = stamps is not None and consumers != 3  # a stamped build keeps Bc = 128 and two consumers
     c = config(D, False if p_smem is None and stamped else p_smem, consumers)
     scale = check_scale(scale, D)
     pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
@@ -630,7 +632,7 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
     :func:`forward` takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
-    stamped = bool(stamps) and consumers != 3  # a stamped build keeps Bc = 128 (P_SMEM)
+    stamped = bool(stamps) and consumers != 3  # a stamped build keeps Bc = 128 and two consumers
     c = config(d, False if p_smem is None and stamped else p_smem, consumers)
     f8 = gl.float8e4nv
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)

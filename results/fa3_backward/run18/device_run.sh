@@ -120,14 +120,14 @@ fa3_timeline.run_fp8(Path(sys.argv[1]))
       AB_PATCH=$P AB_NAME=ab_skip AB_WITHOUT=fp8_main PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/skip
       exit \$(( a | \$? ))" ;;
   psmem) step psmem 220 env PYTHONPATH=. python $D/../run26/ab_psmem.py $OUT/psmem ;;
-  tps) step tps 260 python -c "
+  tps) step tps 220 python -c "
 import sys, pytest
 from flashlab.kernels import fa3_fp8
 fa3_fp8.P_SMEM[128] = True
 sys.exit(pytest.main(['-m', 'gpu', 'tests/test_kernels_gluon.py', '-q', '-p', 'no:cacheprovider',
                       '-k', 'fp8_matches_dequantised or fp8_race_free or conditional_rescaling'
                       ' or shared_memory_matches or three_consumers_match']))" ;;
-  psmem2) step psmem2 260 env PYTHONPATH=. python $D/../run27/ab_psmem_bench.py $OUT/psmem2 ;;
+  psmem2) step psmem2 340 env PYTHONPATH=. python $D/../run27/ab_psmem_bench.py $OUT/psmem2 ;;
   ncu23) P=$D/../run24/change23.patch
     patched $P step ncu23 200 bash -c "cd $D/../run24 && AB_PATCH=$P ncu --clock-control none -k regex:_fa3_fp8_kernel \
       --launch-skip 2 -c 2 --section WarpStateStats --section SourceCounters --section SchedulerStats \
