@@ -525,6 +525,26 @@ def _skipped_rescales(sass: str, head_d: int) -> int:
     return count
 
 
+def _opcodes(body: list[str]) -> list[str]:
+    """The opcode of each SASS instruction of a loop body, its predicate (``@P0``, ``@!UP1``) removed."""
+    return [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]
+
+
+def _p_from_shared_memory_loops(kernel, consumers: int) -> list[list[str]] | None:
+    """The opcodes of the key-block loops of an FP8 build whose P V reads P from shared memory:
+    checks that no P V wgmma takes registers as its A operand, and that the ``consumers`` shortest
+    loops (the consumers'; a tile loop around them can pass for one more) touch no local memory.
+    None without cuobjdump."""
+    assert not re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3 \{[^}]*\}, \{",
+                         kernel.asm["ptx"]), "P V with P from registers"
+    sass = _sass(kernel.asm["cubin"])
+    if not sass:
+        return None
+    loops = sorted(key_block_loops(sass), key=len)[:consumers]
+    assert len(loops) == consumers and _local_accesses(loops) == 0, [len(b) for b in loops]
+    return [_opcodes(body) for body in loops]
+
+
 @pytest.mark.parametrize("d, causal", FP8_COMBOS)
 def test_fp8_p_reaches_the_wgmma_without_byte_shuffles(d, causal):
     """fp8(P) is made where the P V wgmma reads it, one 32-bit register of the A operand per four
@@ -538,8 +558,7 @@ def test_fp8_p_reaches_the_wgmma_without_byte_shuffles(d, causal):
     loops = key_block_loops(sass)
     assert len(loops) == 2, f"found {len(loops)} key-block loops for two consumers"
     registers = fa3.BLOCK_M * fa3.BLOCK_N // (128 * 4)
-    for body in loops:
-        ops = [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]
+    for ops in map(_opcodes, loops):
         assert ops.count("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C") == 2 * registers, ops
         assert ops.count("PRMT") <= registers, f"{ops.count('PRMT')} PRMT in the loop"
         assert sum(op.startswith("LOP3") for op in ops) <= 1, "LOP3 in the loop"  # the loop's own: 0 or 1
@@ -588,18 +607,13 @@ def test_fp8_three_consumers_compile_without_local_memory_in_their_loops(d):
     ring in shared memory."""
     kernel = _compiled(torch.float8_e4m3fn, d, False, "consumers3")
     assert "setmaxnreg.inc.sync.aligned.u32 \t160;" in kernel.asm["ptx"]
-    assert not re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3 \{[^}]*\}, \{",
-                         kernel.asm["ptx"]), "P V with P from registers"
     ring = 3 * 2 * fa3.BLOCK_N * d  # K and V^T, one byte an element
     tiles = 3 * (fa3.BLOCK_M * d + fa3.BLOCK_M * fa3.BLOCK_N + 2 * fa3.BLOCK_M * d)  # Q, P, O (bf16)
     assert ring + tiles <= kernel.metadata.shared <= ring + tiles + 2048
-    sass = _sass(kernel.asm["cubin"])
-    if not sass:
+    loops = _p_from_shared_memory_loops(kernel, 3)
+    if loops is None:
         pytest.skip("needs cuobjdump")
-    loops = sorted(key_block_loops(sass), key=len)[:3]
-    assert len(loops) == 3 and _local_accesses(loops) == 0, [len(b) for b in loops]
-    for body in loops:
-        ops = [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]
+    for ops in loops:
         assert ops.count("STS.128") == fa3.BLOCK_M * fa3.BLOCK_N // (128 * 16), ops.count("STS.128")
 
 
@@ -699,16 +713,10 @@ def test_fp8_p_through_shared_memory_compiles_to_wide_stores(d, k_block):
     shortest loops are the consumers': at d = 64 the tile loop around them can pass for one."""
     from flashlab.kernels import fa3_fp8
 
-    kernel = _compiled(torch.float8_e4m3fn, d, False, f"psmem-{k_block}")
-    assert not re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3 \{[^}]*\}, \{",
-                         kernel.asm["ptx"]), "P V with P from registers"
-    sass = _sass(kernel.asm["cubin"])
-    if not sass:
+    loops = _p_from_shared_memory_loops(_compiled(torch.float8_e4m3fn, d, False, f"psmem-{k_block}"), 2)
+    if loops is None:
         pytest.skip("needs cuobjdump")
-    loops = sorted(key_block_loops(sass), key=len)[:2]
-    assert len(loops) == 2 and _local_accesses(loops) == 0, [len(b) for b in loops]
-    for body in loops:
-        ops = [re.sub(r"^@!?U?P\w+ ", "", o.strip()).split()[0] for o in body]
+    for ops in loops:
         assert ops.count("STS.128") == fa3.BLOCK_M * fa3_fp8.P_SMEM_BLOCK_N // (128 * 16), ops.count("STS.128")
         assert ops.count("F2FP.SATFINITE.E4M3.F32.PACK_AB_MERGE_C") == fa3.BLOCK_M * fa3_fp8.P_SMEM_BLOCK_N // 256
 
