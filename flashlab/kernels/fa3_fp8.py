@@ -88,9 +88,9 @@ POLY_FRACTION = {64: 0.0, 128: 0.0}
 # 240 registers (S 128, O 64, P 32 and the rest: ptxas spills); through shared memory P's
 # registers are free before the next S arrives. Per-block costs (the row statistics, O's rescale,
 # the barriers, the address work) are then paid once per 256 keys: +3.7 to +7.5 % at d = 128 on an
-# H200 with one K descale a head (results/fa3_backward/run26). Off until its GPU tests and its
-# time with a K descale per 128 keys, the bench's, have run (the README's "Run 27").
-P_SMEM = {64: False, 128: False}
+# H200 with one K descale a head (results/fa3_backward/run26), +0.4 to +6.2 % on an H100 with the
+# bench's K descale per 128 keys (run27). The default at d = 128; at d = 64 not yet measured.
+P_SMEM = {64: False, 128: True}
 P_SMEM_BLOCK_N = 256
 # A stamped build (``stamps``) keeps Bc = 128 unless ``p_smem`` is given: at Bc = 256 the time
 # stamps' registers make ptxas spill inside the key-block loop.

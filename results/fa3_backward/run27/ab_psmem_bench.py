@@ -5,13 +5,14 @@ shared memory at Bc = 128 (``consumers=3``).
 
     PYTHONPATH=. python results/fa3_backward/run27/ab_psmem_bench.py OUT
 
-(device_run.sh's step ``psmem2``.) Inputs as flashlab.lab.bench times ``flashlab_gluon_fp8``:
+(device_run.sh's step ``psmem2``; AB_D=64 for d = 64, 128 by default.) Inputs as flashlab.lab.bench times ``flashlab_gluon_fp8``:
 ``quantize_qkv(block=FP8_BLOCK, v_block=None)``, V keys-contiguous. Contenders, in
 fa3._time_switches' rotated rounds at d = 128 x N = 16k and 4k, causal and not: ``cudnn``,
 ``bf16`` (the Gluon forward), ``fp8`` (p_smem=False: Bc = 128, P from registers) and
 ``fp8_psmem`` (p_smem=True) and ``fp8_c3`` (consumers=3). Before the rounds, each shape records
 how far the other two FP8 outputs are from ``fp8``'s (``ab_psmem_bench_check.json``). Writes ab_psmem_bench_n<N>_<gpu>.csv/.json."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -50,6 +51,6 @@ def contenders(q, k, v, do, causal):
 if __name__ == "__main__":
     OUT = sys.argv[1]
     Path(OUT).mkdir(parents=True, exist_ok=True)
-    e.SPEED_D = (128,)
+    e.SPEED_D = tuple(int(d) for d in os.environ.get("AB_D", "128").split(","))
     e._time_switches(contenders, lambda d, causal: "fp8", "ab_psmem_bench", OUT, per_length=True,
                      lengths=(16384, 4096))
