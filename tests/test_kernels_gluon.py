@@ -64,6 +64,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal, rescale_threshold=2)
         elif dtype == "float8_e4m3fn" and pingpong == "poly0.5":  # the FP8 kernel, poly_fraction = 1/2
             k = fa3_fp8.compile_sm90(d, causal, poly_fraction=0.5)
+        elif dtype == "float8_e4m3fn" and pingpong == "regs":  # P from registers at Bc = 128
+            k = fa3_fp8.compile_sm90(d, causal, p_smem=False)
         elif dtype == "float8_e4m3fn" and pingpong == "consumers3":  # three consumers, P through shared memory
             k = fa3_fp8.compile_sm90(d, causal, consumers=3)
         elif dtype == "float8_e4m3fn" and str(pingpong).startswith("psmem-"):  # p_smem, "psmem-<k_block or 0>"
@@ -112,6 +114,7 @@ def _builds() -> dict:
 
     wanted = [(str(t).removeprefix("torch."), d, c, True) for t, d, c in COMBOS] + [("bfloat16", 128, False, False)]
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
+    wanted += [("float8_e4m3fn", d, c, "regs") for d, c in FP8_COMBOS]
     wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
     wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
     wanted += [("float8_e4m3fn", 128, False, "stamps")]
@@ -465,26 +468,43 @@ def test_no_warp_specialization_is_one_partition(d, causal):
 
 
 # --------------------------------------------------------------- the FP8 kernel, compiled
+# A build's P operand and how much stack it may keep: P through shared memory (Bc = 256, the d = 128
+# default) keeps more of the tile loop on the stack (96 bytes; 216 with the mask). With the mask
+# ptxas finds three key-block loops of 1,579, 1,593 and 2,322 instructions, touching local memory
+# 0, 2 and 7 times an iteration (L1 hits; run 27 timed these builds faster than Bc = 128's).
+def _fp8_spill_limits(p_smem: bool, causal: bool) -> dict:
+    if p_smem:
+        return dict(stack=256, per_loop=3, consumers=3) if causal else dict(stack=128, per_loop=0)
+    return dict(stack=64, per_loop=1)
+
+
+@pytest.mark.parametrize("build", [True, "regs"], ids=["default", "p-from-registers"])
 @pytest.mark.parametrize("d, causal", FP8_COMBOS)
-def test_fp8_compiled_code_has_fa3_structure(d, causal):
-    """Partitions, setmaxnreg, the TMA/mbarrier ring; e4m3 wgmma with S from shared memory and P
-    from registers; the intra-warpgroup wait; P into A's layout without a shuffle (the kernel's
-    convert_layout asserts it is trivial: byte permutes to pack P, no warp shuffles beyond the
-    row reductions'); no spills."""
-    k = _compiled(torch.float8_e4m3fn, d, causal)
+def test_fp8_compiled_code_has_fa3_structure(d, causal, build):
+    """Partitions, setmaxnreg, the TMA/mbarrier ring; e4m3 wgmma with S from shared memory, and P
+    from registers or, where :func:`fa3_fp8.config` says so (the d = 128 default), from shared
+    memory; the intra-warpgroup wait; no spills beyond :func:`_fp8_spill_limits`. The build of
+    ``p_smem=False`` takes P from registers at every d."""
+    p_smem = fa3_fp8.config(d, p_smem=False if build == "regs" else None)["P_SMEM"]
+    assert p_smem == (build is True and fa3_fp8.P_SMEM[d])
+    k = _compiled(torch.float8_e4m3fn, d, causal, build)
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     assert "ttg.warp_specialize" in ttgir and k.metadata.num_warps == 12
     budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
     assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait" in ptx
     gemm = r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3"
-    assert re.search(gemm + r" \{[^}]*\}, %rd", ptx), "S = Q K^T from shared memory"
-    assert re.search(gemm + r" \{[^}]*\}, \{", ptx), "O += P V with P from registers"
+    from_shared = re.findall(gemm + r" \{[^}]*\}, %rd", ptx)
+    assert from_shared, "S = Q K^T from shared memory"
+    assert bool(re.search(gemm + r" \{[^}]*\}, \{", ptx)) != p_smem, "O += P V: P's operand"
+    if p_smem:  # O += P V reads P from shared memory: n = d beside S's n = Bc
+        assert {str(d), str(fa3_fp8.P_SMEM_BLOCK_N)} <= set(from_shared), from_shared
+        assert "st.shared.v4" in ptx, "P stored 16 bytes a thread at a time"
     assert "wgmma.wait_group.sync.aligned 1;" in ptx
     assert "cp.async.bulk.tensor.2d.global.shared" in ptx and "%nctaid.x" in ptx
-    # Triton 3.6's ptxas (the GPU's) spills nothing in the loop; 3.9's reloads one scalar a key
-    # block in the causal build (an L1 hit beside some 900 instructions)
-    _no_spills_in_the_loop(k.asm["cubin"], per_loop=1)
+    # Triton 3.6's ptxas (the GPU's) spills nothing in the loop at Bc = 128; 3.9's reloads one
+    # scalar a key block in the causal build (an L1 hit beside some 900 instructions)
+    _no_spills_in_the_loop(k.asm["cubin"], **_fp8_spill_limits(p_smem, causal))
     assert k.metadata.shared <= 227 * 1024
 
 
@@ -492,8 +512,8 @@ def test_fp8_compiled_code_has_fa3_structure(d, causal):
 def test_fp8_switches_change_the_schedule(pingpong, overlap):
     """The FP8 kernel's two switches, as the bf16 kernel's: the overlap's wait for S alone exactly
     when ``overlap``, the turn barriers' waits exactly when ``pingpong`` (against the build with
-    ping-pong the other way), the partitions and register budgets either way, at most one
-    local-memory access a key-block loop (Triton 3.9's ptxas reloads one scalar; 3.6's none)."""
+    ping-pong the other way), the partitions and register budgets either way, local memory
+    within :func:`_fp8_spill_limits` of the default build's P operand."""
     k = _compiled(torch.float8_e4m3fn, 128, False, _switch_key(pingpong, overlap))
     ptx = k.asm["ptx"]
     assert ("wgmma.wait_group.sync.aligned 1;" in ptx) == overlap
@@ -502,7 +522,8 @@ def test_fp8_switches_change_the_schedule(pingpong, overlap):
     assert "ttg.warp_specialize" in k.asm["ttgir"] and k.metadata.num_warps == 12
     budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
-    _no_spills_in_the_loop(k.asm["cubin"], per_loop=1, marker="DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2")
+    limits = _fp8_spill_limits(fa3_fp8.config(128)["P_SMEM"], False)
+    _no_spills_in_the_loop(k.asm["cubin"], marker="DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2", **limits)
 
 
 def test_fp8_default_build_follows_its_switches():
@@ -552,7 +573,7 @@ def test_fp8_p_reaches_the_wgmma_without_byte_shuffles(d, causal):
     most one PRMT a register joins two such halves (Br Bc / (128 * 4) = 16 registers); no SHF in
     the loop, and no LOP3 but the loop's own one. (With p.to(fp8) before the loop's back
     edge the d = 128 loop holds 112 PRMT, 65 LOP3 and 32 SHF.)"""
-    sass = _sass(_compiled(torch.float8_e4m3fn, d, causal, True).asm["cubin"])
+    sass = _sass(_compiled(torch.float8_e4m3fn, d, causal, "regs").asm["cubin"])
     if not sass:
         pytest.skip("needs cuobjdump")
     loops = key_block_loops(sass)
@@ -654,15 +675,17 @@ def test_fp8_software_exp_takes_exponentials_off_the_mufu(d):
     poly = _sass(_compiled(torch.float8_e4m3fn, d, False, "poly0.5").asm["cubin"])
     if not poly:
         pytest.skip("needs cuobjdump")
-    scores = fa3.BLOCK_M * fa3.BLOCK_N // 128  # P's elements per thread in one key block
-    assert len(key_block_loops(poly)) == len(key_block_loops(default)) == 2  # one loop per consumer
-    for loop_default, loop_poly in zip(key_block_loops(default), key_block_loops(poly), strict=True):
+    scores = fa3.BLOCK_M * fa3_fp8.config(d)["BLOCK_N"] // 128  # P's elements per thread in one key block
+    # one loop per consumer, the two shortest (at Bc = 256 the tile loop around them can pass for one)
+    consumers = [sorted(key_block_loops(sass), key=len)[:2] for sass in (default, poly)]
+    assert list(map(len, consumers)) == [2, 2]
+    for loop_default, loop_poly in zip(*consumers, strict=True):
         ex2 = [sum(op.startswith("MUFU.EX2") for op in body) for body in (loop_default, loop_poly)]
         ffma = [sum(op.startswith("FFMA") for op in body) for body in (loop_default, loop_poly)]
         assert scores <= ex2[0] <= scores + 4, ex2  # P, and the few alpha = exp2(m - m_new)
         assert ex2[1] == ex2[0] - scores // 2, ex2
         assert ffma[1] >= ffma[0] + 3 * scores // 2, ffma
-    assert not _local_accesses(key_block_loops(poly))
+    assert not _local_accesses(consumers[1])
 
 
 def test_fp8_v_layout_matches_the_key_order():
