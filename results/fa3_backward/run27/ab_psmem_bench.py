@@ -9,7 +9,8 @@ shared memory at Bc = 128 (``consumers=3``).
 ``quantize_qkv(block=FP8_BLOCK, v_block=None)``, V keys-contiguous. Contenders, in
 fa3._time_switches' rotated rounds at d = 128 x N = 16k and 4k, causal and not: ``cudnn``,
 ``bf16`` (the Gluon forward), ``fp8`` (p_smem=False: Bc = 128, P from registers) and
-``fp8_psmem`` (p_smem=True) and ``fp8_c3`` (consumers=3). Before the rounds, each shape records
+``fp8_psmem`` (p_smem=True), ``fp8_c3`` (consumers=3) and, from run 28, ``fp8_psmem_pp``
+(p_smem=True with ping-pong). Before the rounds, each shape records
 how far the other two FP8 outputs are from ``fp8``'s (``ab_psmem_bench_check.json``). Writes ab_psmem_bench_n<N>_<gpu>.csv/.json."""
 import json
 import os
@@ -34,7 +35,8 @@ def contenders(q, k, v, do, causal):
     fns = {"cudnn": _sdpa_cudnn(q, k, v, do, causal)[0], "bf16": lambda: fa3.forward(q, k, v, causal),
            "fp8": lambda: fa3_fp8.forward(**pre, causal=causal, p_smem=False),
            "fp8_psmem": lambda: fa3_fp8.forward(**pre, causal=causal, p_smem=True),
-           "fp8_c3": lambda: fa3_fp8.forward(**pre, causal=causal, consumers=3)}
+           "fp8_c3": lambda: fa3_fp8.forward(**pre, causal=causal, consumers=3),
+           "fp8_psmem_pp": lambda: fa3_fp8.forward(**pre, causal=causal, p_smem=True, pingpong=True)}
     o1, l1 = fns["fp8"]()
     for name in ("fp8_psmem", "fp8_c3"):
         o2, l2 = fns[name]()
