@@ -468,12 +468,17 @@ def test_no_warp_specialization_is_one_partition(d, causal):
 
 
 # --------------------------------------------------------------- the FP8 kernel, compiled
-# A build's P operand and how much stack it may keep: P through shared memory (Bc = 256, the d = 128
-# default) keeps more of the tile loop on the stack (96 bytes; 216 with the mask). With the mask
-# ptxas finds three key-block loops of 1,579, 1,593 and 2,322 instructions, touching local memory
-# 0, 2 and 7 times an iteration (L1 hits; run 27 timed these builds faster than Bc = 128's).
-def _fp8_spill_limits(p_smem: bool, causal: bool) -> dict:
-    if p_smem:
+# How much stack a build may keep and how often its key-block loops may touch local memory.
+# Two consumers with P from registers: the tile loop's few registers; Triton 3.9's ptxas reloads
+# one scalar a key block (3.6's none). Three consumers (the d = 64 default): nothing. The 256-key
+# blocks (the d = 128 default) keep more of the tile loop on the stack (96 bytes; 216 with the
+# mask), and with the mask ptxas finds three key-block loops of 1,579, 1,593 and 2,322
+# instructions touching local memory 0, 2 and 7 times an iteration (L1 hits; run 27 timed these
+# builds faster than Bc = 128's).
+def _fp8_spill_limits(c: dict, causal: bool) -> dict:
+    if c["CONSUMERS"] == 3:
+        return dict(stack=64, per_loop=0, consumers=3)
+    if c["P_SMEM"]:
         return dict(stack=256, per_loop=3, consumers=3) if causal else dict(stack=128, per_loop=0)
     return dict(stack=64, per_loop=1)
 
@@ -482,29 +487,29 @@ def _fp8_spill_limits(p_smem: bool, causal: bool) -> dict:
 @pytest.mark.parametrize("d, causal", FP8_COMBOS)
 def test_fp8_compiled_code_has_fa3_structure(d, causal, build):
     """Partitions, setmaxnreg, the TMA/mbarrier ring; e4m3 wgmma with S from shared memory, and P
-    from registers or, where :func:`fa3_fp8.config` says so (the d = 128 default), from shared
-    memory; the intra-warpgroup wait; no spills beyond :func:`_fp8_spill_limits`. The build of
-    ``p_smem=False`` takes P from registers at every d."""
-    p_smem = fa3_fp8.config(d, p_smem=False if build == "regs" else None)["P_SMEM"]
-    assert p_smem == (build is True and fa3_fp8.P_SMEM[d])
+    from registers or, where :func:`fa3_fp8.config` says so (the defaults: three consumers at
+    d = 64, 256-key blocks at d = 128), from shared memory; the intra-warpgroup wait; no spills
+    beyond :func:`_fp8_spill_limits`. The build of ``p_smem=False`` takes P from registers with
+    two consumers at every d."""
+    c = fa3_fp8.config(d, p_smem=False if build == "regs" else None)
+    assert c["CONSUMERS"] == (fa3_fp8.CONSUMERS[d] if build is True else 2)
     k = _compiled(torch.float8_e4m3fn, d, causal, build)
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
-    assert "ttg.warp_specialize" in ttgir and k.metadata.num_warps == 12
+    three = c["CONSUMERS"] == 3
+    assert "ttg.warp_specialize" in ttgir and k.metadata.num_warps == (16 if three else 12)
     budgets = _register_budgets(ptx)
-    assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
+    assert {int(fa3.PRODUCER_REGS), 160 if three else int(fa3.CONSUMER_REGS)} <= budgets, budgets
     assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait" in ptx
     gemm = r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3"
     from_shared = re.findall(gemm + r" \{[^}]*\}, %rd", ptx)
     assert from_shared, "S = Q K^T from shared memory"
-    assert bool(re.search(gemm + r" \{[^}]*\}, \{", ptx)) != p_smem, "O += P V: P's operand"
-    if p_smem:  # O += P V reads P from shared memory: n = d beside S's n = Bc
-        assert {str(d), str(fa3_fp8.P_SMEM_BLOCK_N)} <= set(from_shared), from_shared
+    assert bool(re.search(gemm + r" \{[^}]*\}, \{", ptx)) != c["P_SMEM"], "O += P V: P's operand"
+    if c["P_SMEM"]:  # O += P V reads P from shared memory: n = d beside S's n = Bc
+        assert {str(d), str(c["BLOCK_N"])} <= set(from_shared), from_shared
         assert "st.shared.v4" in ptx, "P stored 16 bytes a thread at a time"
     assert "wgmma.wait_group.sync.aligned 1;" in ptx
     assert "cp.async.bulk.tensor.2d.global.shared" in ptx and "%nctaid.x" in ptx
-    # Triton 3.6's ptxas (the GPU's) spills nothing in the loop at Bc = 128; 3.9's reloads one
-    # scalar a key block in the causal build (an L1 hit beside some 900 instructions)
-    _no_spills_in_the_loop(k.asm["cubin"], **_fp8_spill_limits(p_smem, causal))
+    _no_spills_in_the_loop(k.asm["cubin"], **_fp8_spill_limits(c, causal))
     assert k.metadata.shared <= 227 * 1024
 
 
@@ -522,7 +527,7 @@ def test_fp8_switches_change_the_schedule(pingpong, overlap):
     assert "ttg.warp_specialize" in k.asm["ttgir"] and k.metadata.num_warps == 12
     budgets = _register_budgets(ptx)
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= budgets, budgets
-    limits = _fp8_spill_limits(fa3_fp8.config(128)["P_SMEM"], False)
+    limits = _fp8_spill_limits(fa3_fp8.config(128), False)
     _no_spills_in_the_loop(k.asm["cubin"], marker="DEPBAR.LE gsb0, 0x1" if overlap else "MUFU.EX2", **limits)
 
 
@@ -589,13 +594,14 @@ def test_fp8_p_reaches_the_wgmma_without_byte_shuffles(d, causal):
 @pytest.mark.parametrize("d", [64, 128])
 def test_fp8_conditional_rescaling_branches_over_the_rescale(d):
     """With rescale_threshold, each consumer has a branch that can jump over O's rescale and
-    nothing else (in the key-block loop and before the last P V): four for two consumers; the
-    default build has none. (Which way the branch goes is the GPU test's to check.)"""
+    nothing else (in the key-block loop and before the last P V): two per consumer of the
+    default build (fa3_fp8.config); the default build has none. (Which way the branch goes is
+    the GPU test's to check.)"""
     conditional = _sass(_compiled(torch.float8_e4m3fn, d, False, "theta2").asm["cubin"])
     default = _sass(_compiled(torch.float8_e4m3fn, d, False, True).asm["cubin"])
     if not conditional:
         pytest.skip("needs cuobjdump")
-    assert _skipped_rescales(conditional, d) == 4
+    assert _skipped_rescales(conditional, d) == 2 * fa3_fp8.config(d)["CONSUMERS"]
     assert _skipped_rescales(default, d) == 0
 
 
@@ -649,6 +655,24 @@ def test_fp8_bad_consumers_names_the_argument():
         fa3_fp8.compile_sm90(128, consumers=3, pingpong=True)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_default_build_follows_consumers_then_p_smem(d):
+    """With nothing asked, d's defaults (three consumers at d = 64, 256-key blocks at d = 128);
+    p_smem given, two consumers; pingpong=True or stamps, two consumers (ping-pong's turns and
+    the stamp slots are for two), and stamps also Bc = 128 unless p_smem is given."""
+    build = fa3_fp8._build_config
+    assert build(d, None, None, None, False) == fa3_fp8.config(d)
+    assert build(d, None, None, None, False)["CONSUMERS"] == fa3_fp8.CONSUMERS[d]
+    for p_smem in (False, True):
+        c = build(d, p_smem, None, None, False)
+        assert (c["CONSUMERS"], c["P_SMEM"], c["BLOCK_N"]) == (2, p_smem, 256 if p_smem else 128)
+    c = build(d, None, None, True, False)
+    assert (c["CONSUMERS"], c["P_SMEM"]) == (2, fa3_fp8.P_SMEM[d])
+    assert build(d, None, None, None, True) == fa3_fp8.config(d, p_smem=False)
+    assert build(d, True, None, None, True)["BLOCK_N"] == 256
+    assert build(d, None, 3, None, False)["CONSUMERS"] == 3
+
+
 @pytest.mark.parametrize("bad", [1, "yes", 0.0])
 def test_fp8_bad_p_smem_names_the_argument(bad):
     x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
@@ -676,9 +700,10 @@ def test_fp8_software_exp_takes_exponentials_off_the_mufu(d):
     if not poly:
         pytest.skip("needs cuobjdump")
     scores = fa3.BLOCK_M * fa3_fp8.config(d)["BLOCK_N"] // 128  # P's elements per thread in one key block
-    # one loop per consumer, the two shortest (at Bc = 256 the tile loop around them can pass for one)
-    consumers = [sorted(key_block_loops(sass), key=len)[:2] for sass in (default, poly)]
-    assert list(map(len, consumers)) == [2, 2]
+    # one loop per consumer, the shortest (at Bc = 256 the tile loop around them can pass for one)
+    n = fa3_fp8.config(d)["CONSUMERS"]
+    consumers = [sorted(key_block_loops(sass), key=len)[:n] for sass in (default, poly)]
+    assert list(map(len, consumers)) == [n, n]
     for loop_default, loop_poly in zip(*consumers, strict=True):
         ex2 = [sum(op.startswith("MUFU.EX2") for op in body) for body in (loop_default, loop_poly)]
         ffma = [sum(op.startswith("FFMA") for op in body) for body in (loop_default, loop_poly)]

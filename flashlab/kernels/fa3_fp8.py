@@ -98,17 +98,28 @@ P_SMEM_BLOCK_N = 256
 # (a tile of 192 query rows; setmaxnreg gives consumers 1 and 2 160 registers a thread, consumer 0
 # 168, as fa3.MAXNREG_3 explains). Three consumers' S (64 registers), O (64) and the rest fit 160
 # without P's registers (compiled: no local memory in the key-block loop at d = 64 and at d = 128
-# without the mask); ping-pong's turns are for two, so it is off. Not yet run on a GPU.
-CONSUMERS = {64: 2, 128: 2}
+# without the mask); ping-pong's turns are for two, so it is off. On an H100 with the bench's
+# inputs (results/fa3_backward/run28): at d = 64 +25 % at 16k and +20 % at 4k without the mask,
+# +9 % and +5 % with it, against two consumers with P from registers, so three is d = 64's
+# default; at d = 128 it won without the mask and lost with it (the masked loops spill), and
+# against p_smem's 256-key blocks it won at 16k and lost at 4k: an option there.
+CONSUMERS = {64: 3, 128: 2}
 
 
 def config(d: int, p_smem: bool | None = None, consumers: int | None = None) -> dict:
-    """Tiles and ring depth: Br = 64 rows per consumer, Bc = 128 keys, 3 stages. Shared memory
-    per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, and O 2 * 64 * d two
-    bytes an element, 144 KB at d = 128. ``p_smem``: Bc = 256, 2 stages, and each consumer's P
-    tile, 2 * 64 * 256 bytes: 208 KB at d = 128 (None: :data:`P_SMEM`'s default for d).
-    ``consumers`` = 3 (None: :data:`CONSUMERS`' default for d): Bc = 128, 3 stages, P through
-    shared memory, 3 * (64 * d + 64 * 128 + 2 * 64 * d) + 3 * 2 * 128 * d bytes, 192 KB at d = 128."""
+    """The kernel's tiles, ring depth and consumer count for head dimension d. Three builds, each
+    with Br = 64 query rows per consumer warpgroup:
+
+    - ``p_smem=False``: two consumers, P from registers, Bc = 128 keys, 3 stages. Shared memory
+      per CTA: Q 2 * 64 * d + 3 * (K + V^T) 2 * 128 * d one byte an element, O 2 * 64 * d two
+      bytes an element: 144 KB at d = 128.
+    - ``p_smem=True``: two consumers, Bc = 256, 2 stages, and each consumer's P tile in shared
+      memory, 2 * 64 * 256 bytes: 208 KB at d = 128.
+    - ``consumers=3``: Bc = 128, 3 stages, P through shared memory, 3 * (64 * d + 64 * 128 +
+      2 * 64 * d) + 3 * 2 * 128 * d bytes: 192 KB at d = 128.
+
+    With neither argument given, d's defaults: :data:`CONSUMERS` first (three at d = 64), then
+    :data:`P_SMEM` (the 256-key blocks at d = 128)."""
     if p_smem is not None and not isinstance(p_smem, bool):
         raise TypeError(f"p_smem must be None, True or False; got {p_smem!r}")
     if consumers is not None and (isinstance(consumers, bool) or not isinstance(consumers, int)
@@ -116,8 +127,9 @@ def config(d: int, p_smem: bool | None = None, consumers: int | None = None) -> 
         raise ValueError(f"consumers must be None, 2 or 3; got {consumers!r}")
     if consumers == 3 and p_smem is False:
         raise ValueError("consumers=3 takes P through shared memory: p_smem must be None or True; got False")
-    # the default count yields to p_smem=False, which asks for P from registers: two consumers
-    n = consumers or (2 if p_smem is False else CONSUMERS.get(d, 2))
+    # the default count holds only where p_smem is not given: p_smem=False asks for P from
+    # registers, p_smem=True for the 256-key blocks, both with two consumers
+    n = consumers or (CONSUMERS.get(d, 2) if p_smem is None else 2)
     if n == 3:
         return {"BLOCK_M": fa3.BLOCK_M, "BLOCK_N": fa3.BLOCK_N, "HEAD_D": d, "STAGES": 3, "P_SMEM": True,
                 "CONSUMERS": 3}
@@ -546,8 +558,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer); ``poly_fraction``: the share
     of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d); ``p_smem``: P
     through shared memory at Bc = 256 (None: :data:`P_SMEM`'s default for d); ``consumers``: 2 or
-    3 consumer warpgroups (None: :data:`CONSUMERS`' default; 3 takes P through shared memory at
-    Bc = 128, no ping-pong and no stamps). Returns o and lse2 (log2 units)."""
+    3 consumer warpgroups (None: :data:`CONSUMERS`' default, or two where ``pingpong=True`` or
+    ``stamps`` is given; 3 takes P through shared memory at Bc = 128, no ping-pong and no
+    stamps). Returns o and lse2 (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
         _exp_poly(0, poly_fraction)  # checked before the tensors are
@@ -555,8 +568,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
-    stamped = stamps is not None and consumers != 3  # a stamped build keeps Bc = 128 and two consumers
-    c = config(D, False if p_smem is None and stamped else p_smem, consumers)
+    c = _build_config(D, p_smem, consumers, pingpong, stamps is not None)
     scale = check_scale(scale, D)
     pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
     _three_consumers_allow(c, pingpong, stamps is not None)
@@ -587,6 +599,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
                                    PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, **stamping, EXP_POLY=exp_poly,
                                    num_warps=fa3.NUM_WARPS, maxnreg=_registers(c))
     return o, lse2
+
+
+def _build_config(d: int, p_smem: bool | None, consumers: int | None, pingpong: bool | None,
+                  stamps: bool) -> dict:
+    """:func:`config` for a launch or a build: a stamped build keeps Bc = 128 and two consumers,
+    and an explicit ``pingpong=True`` two consumers (its turns are for two), where
+    ``consumers`` is not given."""
+    if consumers is None and (stamps or pingpong is True):
+        consumers = 2
+        if stamps and p_smem is None:
+            p_smem = False
+    return config(d, p_smem, consumers)
 
 
 def _three_consumers_allow(c: dict, pingpong: bool, stamps: bool) -> None:
@@ -632,8 +656,7 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
     :func:`forward` takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
-    stamped = bool(stamps) and consumers != 3  # a stamped build keeps Bc = 128 and two consumers
-    c = config(d, False if p_smem is None and stamped else p_smem, consumers)
+    c = _build_config(d, p_smem, consumers, pingpong, bool(stamps))
     f8 = gl.float8e4nv
     pingpong, overlap = fa3.switches(d, pingpong, overlap, SWITCHES)
     _three_consumers_allow(c, pingpong, bool(stamps))
