@@ -187,9 +187,9 @@ def test_switch_contenders_run_the_setting_they_name(monkeypatch):
     assert set(fns) == {"cudnn", "pingpong_overlap", "pingpong_no_overlap", "no_pingpong_overlap",
                         "no_pingpong_no_overlap", "no_pingpong_no_overlap_3wg"}
     fp8_fns = experiment.fp8_switch_contenders(q, k, v, do, causal=True)
-    default = "fp8_" + experiment.switch_name(*fa3_fp8.SWITCHES[64])
+    default = "fp8_" + experiment.switch_name(*fa3_fp8.SWITCHES[64], fa3_fp8.CONSUMERS[64])
     assert set(fp8_fns) == {"cudnn", "bf16_default", "triton_fp8", "fp8_pingpong_overlap", "fp8_pingpong_no_overlap",
-                            "fp8_no_pingpong_overlap", "fp8_no_pingpong_no_overlap", default + "_theta2",
+                            "fp8_no_pingpong_overlap", "fp8_no_pingpong_no_overlap", default, default + "_theta2",
                             default + "_theta8", default + "_poly0.125", default + "_poly0.25", default + "_poly0.5",
                             "fp8_pingpong_overlap_poly0.5"}
     assert experiments.EXPERIMENTS["fp8switches"] == "flashlab.lab.experiments.fa3:fp8_switches"
@@ -199,7 +199,7 @@ def test_switch_contenders_run_the_setting_they_name(monkeypatch):
         calls.clear()
         fn()
         (kw,) = calls
-        w = kw.get("consumers", 2)
+        w = kw["consumers"]  # always given: the FP8 kernel's default count differs by d
         name, _, theta = name.partition("_theta")
         assert kw.get("rescale_threshold") == (int(theta) if theta else None), (name, kw)
         name, _, poly = name.partition("_poly")
@@ -249,6 +249,7 @@ def test_conditional_rescaling_costs_fp8_rmse_only_on_a_staircase(staircase, low
     plain, theta2 = (fa3.fp8_emulated_rmse(qkv, o_ref, False, t) for t in (None, 2.0))
     assert low <= theta2 / plain <= high, (plain, theta2)
     bc = fa3_fp8.config(128)["BLOCK_N"]
+    assert bc == fa3_fp8.P_SMEM_BLOCK_N  # the numbers above are for the 256-key blocks
     o = rescale.conditional_attention(*qkv, 2.0, bc, row_group=64, p_format="e4m3", p_shift=6.0).o
     assert theta2 == float(np.sqrt(np.mean((o - o_ref) ** 2)))
     with pytest.raises(ValueError, match="rescale_threshold"):

@@ -116,6 +116,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", d, c, True) for d, c in FP8_COMBOS]
     wanted += [("float8_e4m3fn", d, c, "regs") for d, c in FP8_COMBOS]
     wanted += [("float8_e4m3fn", 128, False, _switch_key(p, o)) for p, o in FP8_SWITCH_BUILDS]
+    wanted += [("float8_e4m3fn", 64, False, _switch_key(True, True))]
     wanted += [("float8_e4m3fn", d, False, "theta2") for d in (64, 128)]
     wanted += [("float8_e4m3fn", 128, False, "stamps")]
     wanted += [("float8_e4m3fn", d, False, f"psmem-{kb}") for d, kb in P_SMEM_BUILDS]
@@ -673,6 +674,24 @@ def test_fp8_default_build_follows_consumers_then_p_smem(d):
     assert build(d, None, 3, None, False)["CONSUMERS"] == 3
 
 
+def test_fp8_default_consumers_come_before_p_smem(monkeypatch):
+    """Where d's defaults ask for both three consumers and 256-key blocks, three consumers win
+    (they take P through shared memory at Bc = 128); a truthy pingpong asks for two."""
+    monkeypatch.setitem(fa3_fp8.P_SMEM, 64, True)
+    monkeypatch.setitem(fa3_fp8.CONSUMERS, 64, 3)
+    c = fa3_fp8.config(64)
+    assert (c["CONSUMERS"], c["BLOCK_N"], c["P_SMEM"]) == (3, 128, True)
+    assert fa3_fp8._build_config(64, None, None, 1, False)["CONSUMERS"] == 2
+
+
+def test_fp8_pingpong_build_takes_two_consumers_at_d64():
+    """compile_sm90 goes through _build_config: pingpong=True at d = 64 (three consumers by
+    default) builds two consumers, 12 warps, with the turn barriers."""
+    k = _compiled(torch.float8_e4m3fn, 64, False, _switch_key(True, True))
+    assert k.metadata.num_warps == 12
+    assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= _register_budgets(k.asm["ptx"])
+
+
 @pytest.mark.parametrize("bad", [1, "yes", 0.0])
 def test_fp8_bad_p_smem_names_the_argument(bad):
     x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
@@ -978,12 +997,13 @@ def test_fp8_p_through_shared_memory_matches_too(case):
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("case", experiment.FP8_CASES + [(2, 16, 2048, 2048, 128, c) for c in (False, True)], ids=str)
+@pytest.mark.parametrize("case", experiment.FP8_CASES + [(2, 16, 2048, 2048, d, c) for d in (64, 128)
+                                                         for c in (False, True)], ids=str)
 def test_fp8_three_consumers_match_too(case):
     """consumers=3 (P through shared memory at Bc = 128): as test_fp8_matches_dequantised_reference,
-    and race-free; the last two cases have more tiles than twice the SMs, so programs carry their
-    ring and barriers from one tile to the next (causal: tiles dealt in pairs), and so does the race
-    check, run at their size."""
+    and race-free; the last four cases (d = 64 and 128) have more tiles than twice the SMs, so
+    programs carry their ring and barriers from one tile to the next (causal: tiles dealt in
+    pairs), and so does the race check, run at their size."""
     B, H, n_q, n_k, d, causal = case
     row = experiment.fp8_check_case(*case, consumers=3)
     assert row["ok"], f"{case}: {row}"
@@ -1142,7 +1162,8 @@ def test_time_stamps_show_the_pingpong():
 @needs_hopper
 def test_fp8_time_stamps_take_every_phase():
     """The FP8 kernel stamped on one tile (the middle program) of 16 key blocks: the result is
-    the unstamped kernel's, bit for bit; every partition took every stamp, and in the order the
+    the unstamped kernel's at the same tile (p_smem=False: Bc = 128), bit for bit; every
+    partition took every stamp, and in the order the
     kernel runs its phases the SM's clock never goes back. (Its default runs without ping-pong,
     so the consumers' softmaxes are not required to alternate.)"""
     from flashlab.kernels.fp8 import quantize_qkv
@@ -1152,6 +1173,6 @@ def test_fp8_time_stamps_take_every_phase():
     q, k, v = (torch.randn(2, 4, 2048, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
     pre = quantize_qkv(q, k, v, block=128, v_block=None)
     o, lse2, stamps = timeline.stamped_fp8_forward(pre, at=(3, 4))
-    o_plain, lse_plain = fa3_fp8.forward(**pre, causal=False)
+    o_plain, lse_plain = fa3_fp8.forward(**pre, causal=False, p_smem=False)  # the stamped build's tile
     assert torch.equal(o, o_plain) and torch.equal(lse2, lse_plain), "the stamps changed the result"
     rows = _every_stamp_taken(stamps, 16)

@@ -1,12 +1,12 @@
 """FlashAttention-3's FP8 forward (Shah et al. 2024, §3.3) in Gluon, for Hopper (sm_90).
 
-The program of :mod:`.fa3` (producer warp, two consumer warpgroups, or three with
-``consumers=3``, S_next issued before this block's softmax; ping-pong's turns a switch, off by
-default: :data:`SWITCHES`), with e4m3 operands in both GEMMs:
+The program of :mod:`.fa3` (a producer warp and two or three consumer warpgroups, S_next issued
+before this block's softmax; ping-pong's turns a switch, off by default: :data:`SWITCHES`), with
+e4m3 operands in both GEMMs:
 
     S_ij = (Q8_i K8_j^T) * r_i * dk_j        fp8 x fp8 wgmma, fp32 accumulator; r_i = scale log2(e) dq_i
     P_ij = 2^8 exp2(S_ij - m_new)            in (0, 256]: e4m3's normal range starts at 2^-6
-    O_i  = alpha O_i + fp8(P_ij) V8_j        P from registers (the A operand), V8_j from shared memory
+    O_i  = alpha O_i + fp8(P_ij) V8_j        P the A operand (registers or shared memory), V8_j the B
     O_i  = O_i * dv / l_i,  lse_i = m_i + log2(l_i) - 8      the 2^8 cancels in O / l
 
 With ``rescale_threshold`` theta (FlashAttention-4's conditional rescaling, off by default:
@@ -15,8 +15,8 @@ rose above it by more than theta; P then carries 2^(8 - theta) instead of 2^8.
 
 Descales (float32, positive, as :func:`flashlab.kernels.fp8.quantize_fp8` makes them): Q per
 block of ``q_block`` rows (a multiple of Br = 64: one scalar per warpgroup) or per head, K per
-block of ``k_block`` rows (a multiple of Bc = 128: one scalar per key block, read beside each
-S GEMM) or per head, V per head (one scalar, applied once in the epilogue).
+block of ``k_block`` rows (a multiple of 128: one or two scalars per key block, read beside
+each S GEMM) or per head, V per head (one scalar, applied once in the epilogue).
 
 V is laid out K-major. An FP8 wgmma reads its B operand from shared memory only with the
 reduction dimension contiguous, and O = P V reduces over keys, so V must arrive as V^T, (d, N_k)
@@ -26,7 +26,10 @@ the forward at N = 8k, counted in the forward's time; FlashAttention-3 instead
 transposes V inside the kernel, in shared memory, in the producer warpgroup). The producer loads
 V^T_j, (d, Bc), and the consumer hands its transpose view, (Bc, d) keys-contiguous, to wgmma.
 
-P goes from registers into the second GEMM. The fp32 accumulator of S holds, in each thread, two
+Three builds (:func:`config`): two consumers with P in registers at Bc = 128; two consumers with
+256-key blocks and P through shared memory (the default at d = 128); three consumers with P
+through shared memory at Bc = 128 (the default at d = 64). With P in registers, the fp32
+accumulator of S holds, in each thread, two
 adjacent keys of every 8; wgmma's 8-bit A operand (a DotOperandLayout with k_width = 4) wants four
 adjacent keys in each 32-bit register. Converting one layout into the other moves bytes between
 the threads of a quad (byte permutes and warp shuffles, about 280 instructions per thread per key
@@ -34,6 +37,8 @@ block at Bc = 128). FlashAttention-3 avoids the move, and so does this kernel: P
 used as they are, which amounts to reading P's columns in another order, k = pi(c) within every
 16 keys (:func:`_as_operand`; ``assert_trivial`` makes the compiler check that no data moves),
 and :func:`wgmma_v` stores V's keys in the same order, so that sum_c P[:, c] V[c] is unchanged.
+Through shared memory, :func:`_p_to_shared` regroups the keys so that each thread stores 16 bytes
+at a time, and :func:`wgmma_v` (``shared_block``) lays V out in that order.
 
 Glossary: e4m3 = 4 exponent bits, 3 mantissa bits, largest 448; descale = the factor an fp8
 number is multiplied by to give the value it stands for; Br, Bc, m, l, lse as in :mod:`.fa3`.
@@ -89,7 +94,8 @@ POLY_FRACTION = {64: 0.0, 128: 0.0}
 # registers are free before the next S arrives. Per-block costs (the row statistics, O's rescale,
 # the barriers, the address work) are then paid once per 256 keys: +3.7 to +7.5 % at d = 128 on an
 # H200 with one K descale a head (results/fa3_backward/run26), +0.4 to +6.2 % on an H100 with the
-# bench's K descale per 128 keys (run27). The default at d = 128; at d = 64 not yet measured.
+# bench's K descale per 128 keys (run27), +2.6 to +9.6 % in run 28. The default at d = 128; at
+# d = 64 mixed (+7.3, +0.2, +6.6, -6.1 %, run 28), where three consumers win (CONSUMERS).
 P_SMEM = {64: False, 128: True}
 P_SMEM_BLOCK_N = 256
 # A stamped build (``stamps``) keeps Bc = 128 unless ``p_smem`` is given: at Bc = 256 the time
@@ -556,11 +562,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8];
     ``stamps``, ``stamp_at``: time stamps of one tile, as :func:`flashlab.kernels.fa3.forward`
     takes them (an int64 (n_blocks + 1, STAMP_SLOTS, 3, 2) buffer); ``poly_fraction``: the share
-    of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d); ``p_smem``: P
-    through shared memory at Bc = 256 (None: :data:`P_SMEM`'s default for d); ``consumers``: 2 or
-    3 consumer warpgroups (None: :data:`CONSUMERS`' default, or two where ``pingpong=True`` or
-    ``stamps`` is given; 3 takes P through shared memory at Bc = 128, no ping-pong and no
-    stamps). Returns o and lse2 (log2 units)."""
+    of P's exp2 computed in software (None: :data:`POLY_FRACTION`' default for d); ``p_smem``:
+    True, P through shared memory at Bc = 256; False, P from registers at Bc = 128; both with two
+    consumers (None: :data:`P_SMEM`'s default for d, or Bc = 128 where ``stamps`` is given);
+    ``consumers``: 2 or 3 consumer warpgroups (None: :data:`CONSUMERS`' default, or two where
+    ``p_smem`` or ``stamps`` is given or ``pingpong`` is true; 3 takes P through shared memory at
+    Bc = 128, no ping-pong and no stamps). :func:`config` lists the builds. Returns o and lse2
+    (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
         _exp_poly(0, poly_fraction)  # checked before the tensors are
@@ -606,7 +614,7 @@ def _build_config(d: int, p_smem: bool | None, consumers: int | None, pingpong: 
     """:func:`config` for a launch or a build: a stamped build keeps Bc = 128 and two consumers,
     and an explicit ``pingpong=True`` two consumers (its turns are for two), where
     ``consumers`` is not given."""
-    if consumers is None and (stamps or pingpong is True):
+    if consumers is None and (stamps or (pingpong is not None and bool(pingpong))):
         consumers = 2
         if stamps and p_smem is None:
             p_smem = False

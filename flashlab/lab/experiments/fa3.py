@@ -409,11 +409,14 @@ def switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
 def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     """The contenders of one shape of :func:`fp8_switches`: cuDNN and the Gluon forward in bf16
     (its default), the Triton FP8 kernel, and the Gluon FP8 kernel under each setting of its two
-    switches (``fp8_`` + :func:`switch_name`), and its default with conditional rescaling
-    (``_theta2``, ``_theta8``: ``rescale_threshold`` 2 and 8) or with software exp2 on a share of
-    P (``_poly0.125``, ``_poly0.25``, ``_poly0.5``: ``poly_fraction`` 1/8, 1/4, 1/2; and 1/2 with
-    ping-pong on), on inputs quantised once (Q, K
-    per :data:`FP8_BLOCK` rows, V per head). The Gluon FP8 time includes V's copy into its layout."""
+    switches with two consumer warpgroups (``fp8_`` + :func:`switch_name`; ping-pong's turns are
+    for two), its default build (:data:`flashlab.kernels.fa3_fp8.SWITCHES` and ``CONSUMERS``: at
+    d = 64 three consumers, ``_3wg``), and that default with conditional rescaling (``_theta2``,
+    ``_theta8``: ``rescale_threshold`` 2 and 8) or with software exp2 on a share of P
+    (``_poly0.125``, ``_poly0.25``, ``_poly0.5``: ``poly_fraction`` 1/8, 1/4, 1/2; and 1/2 with
+    ping-pong on, two consumers), on inputs quantised once (Q, K per :data:`FP8_BLOCK` rows, V
+    per head). The Gluon FP8 time includes V's copy into its layout."""
+    from flashlab.kernels.fa3_fp8 import CONSUMERS as FP8_CONSUMERS
     from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
     from flashlab.kernels.fp8 import flash_attention_fp8, quantize_qkv
@@ -425,15 +428,20 @@ def fp8_switch_contenders(q, k, v, do, causal: bool) -> dict[str, object]:
     for pingpong in (True, False):
         for overlap in (True, False):
             fns["fp8_" + switch_name(pingpong, overlap)] = (
-                lambda p=pingpong, o=overlap: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o))
+                lambda p=pingpong, o=overlap: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o, consumers=2))
     p0, o0 = FP8_SWITCHES[q.shape[-1]]
+    w0 = FP8_CONSUMERS[q.shape[-1]]
+    default = "fp8_" + switch_name(p0, o0, w0)
+    fns[default] = lambda: fp8_forward(**pre, causal=causal, pingpong=p0, overlap=o0, consumers=w0)
     for theta in (2, 8):
-        fns["fp8_" + switch_name(p0, o0) + f"_theta{theta}"] = (
-            lambda t=theta: fp8_forward(**pre, causal=causal, pingpong=p0, overlap=o0, rescale_threshold=t))
+        fns[default + f"_theta{theta}"] = (
+            lambda t=theta: fp8_forward(**pre, causal=causal, pingpong=p0, overlap=o0, consumers=w0,
+                                        rescale_threshold=t))
     for pingpong, fraction in ((p0, 0.125), (p0, 0.25), (p0, 0.5), (True, 0.5)):  # software exp2 (FA4)
-        fns["fp8_" + switch_name(pingpong, o0) + f"_poly{fraction:g}"] = (
-            lambda p=pingpong, f=fraction: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o0,
-                                                       poly_fraction=f))
+        w = 2 if pingpong else w0
+        fns["fp8_" + switch_name(pingpong, o0, w) + f"_poly{fraction:g}"] = (
+            lambda p=pingpong, f=fraction, w=w: fp8_forward(**pre, causal=causal, pingpong=p, overlap=o0,
+                                                            consumers=w, poly_fraction=f))
     return fns
 
 
@@ -481,10 +489,12 @@ def fp8_switches(out: str | Path) -> list[Path]:
     """The FP8 forward under each setting of its switches, beside the bf16 forward, the Triton FP8
     kernel and cuDNN (``python -m flashlab.lab.experiments fp8switches --out results``), at the
     shapes of :func:`switches`; ``vs_default`` against the FP8 kernel's default setting
-    (:data:`flashlab.kernels.fa3_fp8.SWITCHES`). Writes ``fa3_fp8_switches_<gpu>``."""
+    (:data:`flashlab.kernels.fa3_fp8.SWITCHES` and ``CONSUMERS``). Writes ``fa3_fp8_switches_<gpu>``."""
+    from flashlab.kernels.fa3_fp8 import CONSUMERS as FP8_CONSUMERS
     from flashlab.kernels.fa3_fp8 import SWITCHES as FP8_SWITCHES
 
-    return _time_switches(fp8_switch_contenders, lambda d, causal: "fp8_" + switch_name(*FP8_SWITCHES[d]),
+    return _time_switches(fp8_switch_contenders,
+                          lambda d, causal: "fp8_" + switch_name(*FP8_SWITCHES[d], FP8_CONSUMERS[d]),
                           "fa3_fp8_switches", out)
 
 
@@ -645,7 +655,8 @@ def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
                       rescale_threshold: float | None = None, p_smem: bool | None = None,
                       consumers: int | None = None) -> float:
     """RMSE against ``o_ref`` of the Gluon FP8 kernel's softmax arithmetic emulated in float64:
-    online softmax over its key blocks (Bc = 128, or 256 with ``p_smem``: fa3_fp8.config) with its
+    online softmax over its key blocks (Bc of fa3_fp8.config: 256 with ``p_smem``, the d = 128
+    default; 128 otherwise) with its
     warpgroups' rule for moving m (64 rows decide together; theta = 0 without a threshold, which
     moves m whenever a row's maximum rises),
     and P = 2^SHIFT exp2(S - m) (SHIFT = 8 - theta, as the kernel takes them from

@@ -80,7 +80,7 @@ def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0)
     FP8 kernel's "convert" only hands P over)."""
     from flashlab.kernels import fa3_fp8
 
-    shape = fa3_fp8.config(pre["q"].shape[-1], False)  # a stamped build keeps Bc = 128 (fa3_fp8.P_SMEM)
+    shape = fa3_fp8.config(pre["q"].shape[-1], False)  # a stamped build: two consumers, Bc = 128, P in registers
     stamps, stamp_at = _stamp_buffer(pre["q"], pre["k"], shape, at)
     o, lse2 = fa3_fp8.forward(**pre, causal=False, stamps=stamps, stamp_at=stamp_at)
     return o, lse2, stamps
@@ -226,7 +226,8 @@ def run(out: Path, fp8: bool = False) -> list[Path]:
     if fp8:
         pre = quantize_qkv(q, k, v, block=128, v_block=None)
         stamped = lambda: stamped_fp8_forward(pre, at=at)  # noqa: E731
-        plain = lambda: fa3_fp8.forward(**pre, causal=False)  # noqa: E731
+        # unstamped, at the stamped build's tile (two consumers, Bc = 128, P in registers)
+        plain = lambda: fa3_fp8.forward(**pre, causal=False, p_smem=False)  # noqa: E731
         name, kernel = "fa3_fp8_timeline", {"dtype": "float8_e4m3fn", "switches": fa3_fp8.SWITCHES[D]}
     else:
         stamped = lambda: stamped_forward(q, k, v, at=at)  # noqa: E731
