@@ -614,7 +614,7 @@ def _build_config(d: int, p_smem: bool | None, consumers: int | None, pingpong: 
     """:func:`config` for a launch or a build: a stamped build keeps Bc = 128 and two consumers,
     and an explicit ``pingpong=True`` two consumers (its turns are for two), where
     ``consumers`` is not given."""
-    if consumers is None and (stamps or (pingpong is not None and bool(pingpong))):
+    if consumers is None and (stamps or pingpong):
         consumers = 2
         if stamps and p_smem is None:
             p_smem = False

@@ -80,7 +80,7 @@ def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0)
     FP8 kernel's "convert" only hands P over)."""
     from flashlab.kernels import fa3_fp8
 
-    shape = fa3_fp8.config(pre["q"].shape[-1], False)  # a stamped build: two consumers, Bc = 128, P in registers
+    shape = fa3_fp8._build_config(pre["q"].shape[-1], None, None, None, stamps=True)  # the stamped build's tile
     stamps, stamp_at = _stamp_buffer(pre["q"], pre["k"], shape, at)
     o, lse2 = fa3_fp8.forward(**pre, causal=False, stamps=stamps, stamp_at=stamp_at)
     return o, lse2, stamps
