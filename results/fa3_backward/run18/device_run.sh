@@ -42,6 +42,7 @@
 #           23 and without it (../run24/ncu_tree.py)
 #   variants  forward + backward against cuDNN, the issue's shapes (fa3_backward_variants, 3 rounds)
 #   b128, b64  the kernel bench chapters 5 and 9 read, with flashlab_fa3 and the FP8 forward
+# NOTE (optional) goes into gpu.txt, e.g. a patch applied to the tree before the script ran.
 # Before a call: git rev-parse HEAD > device_commit.txt; git diff > device_tree.diff (in this
 # folder). An unknown step name stops the call before anything runs.
 cd "$(dirname "$0")"; D=$PWD; cd ../../..
@@ -67,7 +68,7 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
 KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 ncu23 skip psmem tps psmem2 psmem64 tfp8 c27 variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D"; } > $OUT/s1/gpu.txt 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D NOTE=$NOTE"; } > $OUT/s1/gpu.txt 2>&1
 pack s1
 for s in $STEPS; do case $s in
   ab) step ab 140 env PYTHONPATH=. python $D/ab_pack.py $OUT/ab ;;
