@@ -136,3 +136,21 @@ def test_gemm_time_matches_the_simulators_at_the_same_rate():
     g0 = next(e.end - e.start for e in simulated_timeline()[0] if e.kind == "G0")
     assert timeline.gemm_us(H100.peak_flops("fp16") / 1e12, 4) == pytest.approx(4 * g0, rel=1e-3)
     assert timeline.gemm_us(400.0) == pytest.approx(2 * timeline.gemm_us(800.0))
+
+
+@pytest.mark.parametrize("p_smem, blocks", [(False, 16), (True, 8)])
+def test_stamped_fp8_forward_sizes_its_stamps_by_the_build_it_asks_for(monkeypatch, p_smem, blocks):
+    """stamped_fp8_forward hands p_smem to the kernel and gives it one stamp row per key block of
+    that build (2048 keys: 16 blocks of 128, or 8 of 256) plus the final one."""
+    import torch
+
+    from flashlab.kernels import fa3_fp8
+
+    calls = []
+    monkeypatch.setattr(fa3_fp8, "forward", lambda **kw: calls.append(kw) or (None, None))
+    pre = {"q": torch.zeros(2, 4, 2048, 128), "k": torch.zeros(2, 4, 2048, 128)}
+    _, _, stamps = timeline.stamped_fp8_forward(pre, at=(3, 4), p_smem=p_smem)
+    (kw,) = calls
+    assert kw["p_smem"] is p_smem and kw["stamps"] is stamps
+    assert stamps.shape == (blocks + 1, len(timeline.fa3.STAMP_PHASES), 3, 2)
+    assert kw["stamp_at"] == 3 + 4 * 16  # (query tile, batch-head); 2048 / (2 * 64) query tiles a head

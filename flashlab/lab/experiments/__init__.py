@@ -47,6 +47,7 @@ EXPERIMENTS: dict[str, str] = {
     "fa4": "flashlab.lab.experiments.fa4:run",
     "fa3timeline": "flashlab.lab.experiments.fa3_timeline:run",
     "fp8timeline": "flashlab.lab.experiments.fa3_timeline:run_fp8",
+    "fp8timeline256": "flashlab.lab.experiments.fa3_timeline:run_fp8_psmem",
     "fa3bwdtimeline": "flashlab.lab.experiments.fa3_backward_timeline:run",
     "fa3switches": "flashlab.lab.experiments.fa3:switches",
     "fp8switches": "flashlab.lab.experiments.fa3:fp8_switches",

@@ -23,7 +23,9 @@ most of it the two compiles.
     python -m flashlab.lab.experiments fp8timeline --out results
 
 does the same for the FP8 kernel (:mod:`flashlab.kernels.fa3_fp8`, its default switches) on
-the same inputs quantised: ``fa3_fp8_timeline_<gpu>``.
+the same inputs quantised, at 128 keys a block with P in registers: ``fa3_fp8_timeline_<gpu>``;
+``fp8timeline256`` for its 256-key build, P through shared memory (d = 128's default):
+``fa3_fp8_psmem_timeline_<gpu>``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from flashlab.kernels import fa3
 from flashlab.lab.measure import gpu_tag, paper_shape, provenance, time_ms
 
 __all__ = ["COLUMNS", "D", "N", "gemm_us", "interleaving", "period", "phase_means", "phases", "program_order", "run",
-           "run_fp8", "stamped_forward", "stamped_fp8_forward"]
+           "run_fp8", "run_fp8_psmem", "stamped_forward", "stamped_fp8_forward"]
 
 D, N = 128, 8192  # the paper's ablation shape (FA3 §4.3)
 COLUMNS = ("partition", "block", "phase", "start_us", "end_us")
@@ -71,18 +73,19 @@ def _stamp_buffer(q: torch.Tensor, k: torch.Tensor, c: dict, at: tuple[int, int]
     return stamps, tile + bh * grid[0]
 
 
-def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0)
+def stamped_fp8_forward(pre: dict[str, object], at: tuple[int, int] = (0, 0), p_smem: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`flashlab.kernels.fa3_fp8.forward` (non-causal, its default switches) built with time
     stamps, ``pre`` the inputs as :func:`flashlab.kernels.fp8.quantize_qkv` returns them, tile
-    ``at`` = (query tile, batch-head) stamping. Returns o, lse2 and the stamps as
-    :func:`stamped_forward` does, in the same phases (P becomes e4m3 inside "issue_pv", so the
-    FP8 kernel's "convert" only hands P over)."""
+    ``at`` = (query tile, batch-head) stamping; ``p_smem`` as ``forward`` takes it (False: 128-key
+    blocks, P in registers; True: 256-key blocks, P through shared memory). Returns o, lse2 and
+    the stamps as :func:`stamped_forward` does, in the same phases (P becomes e4m3 inside
+    "issue_pv", or is stored to shared memory inside "convert")."""
     from flashlab.kernels import fa3_fp8
 
-    shape = fa3_fp8._build_config(pre["q"].shape[-1], None, None, None, stamps=True)  # the stamped build's tile
+    shape = fa3_fp8._build_config(pre["q"].shape[-1], p_smem, None, None, stamps=True)  # the stamped build's tile
     stamps, stamp_at = _stamp_buffer(pre["q"], pre["k"], shape, at)
-    o, lse2 = fa3_fp8.forward(**pre, causal=False, stamps=stamps, stamp_at=stamp_at)
+    o, lse2 = fa3_fp8.forward(**pre, causal=False, p_smem=p_smem, stamps=stamps, stamp_at=stamp_at)
     return o, lse2, stamps
 
 
@@ -208,11 +211,12 @@ def gemm_us(tflops: float, gemms: int = 1, sm_count: int = 132) -> float:
     return gemms * flops / (tflops * 1e12 / sm_count) * 1e6
 
 
-def run(out: Path, fp8: bool = False) -> list[Path]:
+def run(out: Path, fp8: bool = False, p_smem: bool = False) -> list[Path]:
     """Stamp one tile at the paper's shape, check the output against the unstamped kernel, time
     both, and write ``fa3_timeline_<gpu>.csv/.json`` under ``out`` (``fp8``: the FP8 kernel on
     the same inputs quantised, one descale per 128 rows of Q and K and per head of V, with its
-    default switches: ``fa3_fp8_timeline_<gpu>``)."""
+    default switches: ``fa3_fp8_timeline_<gpu>``; with ``p_smem``, its 256-key build, P through
+    shared memory: ``fa3_fp8_psmem_timeline_<gpu>``)."""
     from flashlab.kernels import fa3_fp8
     from flashlab.kernels.fp8 import quantize_qkv
     from flashlab.lab.experiments import COMMAND, require_gpu
@@ -225,10 +229,12 @@ def run(out: Path, fp8: bool = False) -> list[Path]:
     at = (0, B * H // 2)
     if fp8:
         pre = quantize_qkv(q, k, v, block=128, v_block=None)
-        stamped = lambda: stamped_fp8_forward(pre, at=at)  # noqa: E731
-        # unstamped, at the stamped build's tile (two consumers, Bc = 128, P in registers)
-        plain = lambda: fa3_fp8.forward(**pre, causal=False, p_smem=False)  # noqa: E731
-        name, kernel = "fa3_fp8_timeline", {"dtype": "float8_e4m3fn", "switches": fa3_fp8.SWITCHES[D]}
+        stamped = lambda: stamped_fp8_forward(pre, at=at, p_smem=p_smem)  # noqa: E731
+        # unstamped, at the stamped build's tile (two consumers; Bc = 128, P in registers, or 256)
+        plain = lambda: fa3_fp8.forward(**pre, causal=False, p_smem=p_smem)  # noqa: E731
+        name = "fa3_fp8_psmem_timeline" if p_smem else "fa3_fp8_timeline"
+        kernel = {"dtype": "float8_e4m3fn", "switches": fa3_fp8.SWITCHES[D],
+                  "BLOCK_N": fa3_fp8._build_config(D, p_smem, None, None, stamps=True)["BLOCK_N"]}
     else:
         stamped = lambda: stamped_forward(q, k, v, at=at)  # noqa: E731
         plain = lambda: fa3.forward(q, k, v, False, pingpong=True, overlap=True)  # noqa: E731
@@ -242,7 +248,7 @@ def run(out: Path, fp8: bool = False) -> list[Path]:
     rate = _ns_per_cycle(s)
     rows = phases(s, rate)
     ticks = np.diff(np.unique(s[..., 0][s[..., 0] > 0]))
-    command = "fp8timeline" if fp8 else "fa3timeline"
+    command = ("fp8timeline256" if p_smem else "fp8timeline") if fp8 else "fa3timeline"
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith("__main__.py") else [command, "--out", str(out)]
     meta = provenance(" ".join([COMMAND, *argv]))
     meta.update({
@@ -268,3 +274,9 @@ def run(out: Path, fp8: bool = False) -> list[Path]:
 def run_fp8(out: Path) -> list[Path]:
     """:func:`run` for the FP8 kernel (``python -m flashlab.lab.experiments fp8timeline``)."""
     return run(out, fp8=True)
+
+
+def run_fp8_psmem(out: Path) -> list[Path]:
+    """:func:`run` for the FP8 kernel's 256-key build, P through shared memory
+    (``python -m flashlab.lab.experiments fp8timeline256``)."""
+    return run(out, fp8=True, p_smem=True)

@@ -36,6 +36,8 @@
 #   tfp8    every FP8 GPU test at the defaults (three consumers at d = 64 from run 28)
 #   c27     change 27 (two P tiles a consumer at d = 128, ../run29/change27.patch): the FP8 GPU
 #           tests with it, then it against main with a bits check (../run22/ab_tree_max.py)
+#   ts8ps   run 30: the FP8 stamp tests (both builds), then one stamped tile of the 256-key default
+#           (fp8timeline256)
 #   psmem2  run 27: changes 25 and 26 with the bench's FP8 inputs (K a descale per 128 keys) against
 #           main (../run27/ab_psmem_bench.py)
 #   ncu23   run 25: Nsight Compute's stall samples per SASS instruction of the FP8 kernel with change
@@ -65,7 +67,7 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
-KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 ncu23 skip psmem tps psmem2 psmem64 tfp8 c27 variants b128 b64"
+KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 ncu23 skip psmem tps psmem2 psmem64 tfp8 c27 ts8ps variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D NOTE=$NOTE"; } > $OUT/s1/gpu.txt 2>&1
@@ -138,6 +140,8 @@ sys.exit(pytest.main(['-m', 'gpu', 'tests/test_kernels_gluon.py', '-q', '-p', 'n
     patched $P step c27 330 bash -c "$GLUON -k \"fp8 and (matches_dequantised or race_free or conditional_rescaling or shared_memory_matches or heads_apart or rmse_below or every_phase)\"; a=\$?
       AB_PATCH=$P AB_NAME=ab_double AB_WITHOUT=fp8_main PYTHONPATH=. python $D/../run22/ab_tree_max.py $OUT/c27
       exit \$(( a | \$? ))" ;;
+  ts8ps) step ts8ps 150 bash -c "$GLUON -v -k fp8_time_stamps_take_every_phase; a=\$?
+      python -m flashlab.lab.experiments fp8timeline256 --out $OUT/ts8ps; exit \$(( a | \$? ))" ;;
   psmem64) step psmem64 120 env AB_D=64 PYTHONPATH=. python $D/../run27/ab_psmem_bench.py $OUT/psmem64 ;;
   ncu23) P=$D/../run24/change23.patch
     patched $P step ncu23 200 bash -c "cd $D/../run24 && AB_PATCH=$P ncu --clock-control none -k regex:_fa3_fp8_kernel \
