@@ -256,3 +256,25 @@ def test_conditional_rescaling_costs_fp8_rmse_only_on_a_staircase(staircase, low
         fa3.fp8_emulated_rmse(qkv, o_ref, False, 9.0)  # P = 2^(8 - 9) exp2(S - m): outside the kernel's range
     with pytest.raises(ValueError, match="o_ref must have shape"):
         fa3.fp8_emulated_rmse(qkv, o_ref[..., :64], False)
+
+
+def test_fp8_emulation_follows_l_mma():
+    """With l_mma the emulated kernel's row sums add the rounded P (the tensor cores sum the
+    e4m3 tile P V reads): fa3.fp8_emulated_rmse is conditional_attention's with l_of_rounded_p,
+    and differs from the emulation that sums the exact P; l_mma needs a build with P in shared
+    memory."""
+    from flashlab.kernels import fa3_fp8
+    from flashlab.kernels.fp8 import dequantize_fp8
+    from flashlab.lab.experiments import fa3
+    from flashlab.reference import attention, rescale
+
+    pre = fa3._fp8_inputs(1, 2, 512, 512, 128, 0, device="cpu")
+    qkv = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().numpy() for x in "qkv"]
+    o_ref = attention(*qkv)
+    rounded = fa3.fp8_emulated_rmse(qkv, o_ref, False, l_mma=True)
+    o = rescale.conditional_attention(*qkv, 0.0, fa3_fp8.config(128)["BLOCK_N"], row_group=64, p_format="e4m3",
+                                      p_shift=8.0, l_of_rounded_p=True).o
+    assert rounded == float(np.sqrt(np.mean((o - o_ref) ** 2)))
+    assert rounded != fa3.fp8_emulated_rmse(qkv, o_ref, False, l_mma=False)
+    with pytest.raises(ValueError, match="l_mma=True sums P from shared memory"):
+        fa3.fp8_emulated_rmse(qkv, o_ref, False, p_smem=False, l_mma=True)

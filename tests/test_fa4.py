@@ -311,14 +311,16 @@ def test_p_rounded_to_fp8_moves_the_output():
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 30), st.integers(1, 40), st.sampled_from([0.0, 2.0, 8.0]), st.booleans(),
-       st.sampled_from(["e4m3", "e5m2"]), st.integers(0, 2**31 - 1))
-def test_p_rounded_in_one_block_is_the_closed_form(n_q, n_k, theta, causal, fmt, seed):
+       st.sampled_from(["e4m3", "e5m2"]), st.booleans(), st.integers(0, 2**31 - 1))
+def test_p_rounded_in_one_block_is_the_closed_form(n_q, n_k, theta, causal, fmt, l_rounded, seed):
     """One key block: m_ref is the row max, so O = round(2^s P) 2^-s V / sum(P) with P =
-    exp2(S - rowmax(S)) and s = 8 - theta, written here without the online loop."""
+    exp2(S - rowmax(S)) and s = 8 - theta, written here without the online loop; with
+    l_of_rounded_p the denominator sums the rounded P instead."""
     rng = np.random.default_rng(seed)
     q, k, v = rng.normal(size=(n_q, 8)), 4 * rng.normal(size=(n_k, 8)), rng.normal(size=(n_k, 5))
     shift = 8.0 - theta
-    got = rescale.conditional_attention(q, k, v, theta, n_k, causal, p_format=fmt, p_shift=shift).o
+    got = rescale.conditional_attention(q, k, v, theta, n_k, causal, p_format=fmt, p_shift=shift,
+                                        l_of_rounded_p=l_rounded).o
     s = q @ k.T / math.sqrt(8) * rescale.LOG2E                       # (N_q, N_k), log2 units
     if causal:
         s = np.where(np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + n_k - n_q, s, -np.inf)
@@ -326,8 +328,31 @@ def test_p_rounded_in_one_block_is_the_closed_form(n_q, n_k, theta, causal, fmt,
     seen = np.isfinite(m)
     p = np.exp2(s - np.where(seen, m, 0.0))                           # exact P, <= 1
     rounded = round_to_fp8(p * 2.0**shift, fmt) * 2.0**-shift
-    want = np.where(seen, rounded @ v / np.where(seen, p.sum(axis=1, keepdims=True), 1.0), 0.0)
+    l = (rounded if l_rounded else p).sum(axis=1, keepdims=True)
+    want = np.where(seen, rounded @ v / np.where(seen, l, 1.0), 0.0)
     assert np.max(np.abs(got - want)) < TOL
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 60), st.integers(1, 9), st.integers(1, 8),
+       st.sampled_from([0.0, 2.0, 8.0]), st.booleans(), st.integers(0, 2**31 - 1))
+def test_l_of_rounded_p_gives_a_weighted_mean(n_q, n_k, block_size, row_group, theta, causal, seed):
+    """With l summing the same rounded P that P V multiplies, every output is a weighted mean of
+    V's rows over many blocks and rescales: each entry lies between its column's smallest and
+    largest value among the keys, or 0 (a row that sees no key); with the exact P in l it need not."""
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(n_q, 8)), 4 * rng.normal(size=(n_k, 8)), rng.normal(size=(n_k, 5))
+    o = rescale.conditional_attention(q, k, v, theta, block_size, causal, row_group=row_group, p_format="e4m3",
+                                      p_shift=8.0 - theta, l_of_rounded_p=True).o
+    slack = 1e-12 * np.abs(v).max()
+    lo, hi = np.minimum(v.min(axis=0), 0.0), np.maximum(v.max(axis=0), 0.0)  # a row that sees no key: 0
+    assert np.all(o <= hi + slack) and np.all(o >= lo - slack)
+
+
+def test_l_of_rounded_p_is_checked():
+    x = np.ones((2, 4))
+    with pytest.raises(TypeError, match="l_of_rounded_p must be True or False; got 'yes'"):
+        rescale.conditional_attention(x, x, x, l_of_rounded_p="yes")
 
 
 def test_p_rounding_checked():

@@ -72,6 +72,8 @@ for dtype, d, causal, pingpong in json.loads(sys.argv[1]):
             k = fa3_fp8.compile_sm90(d, causal, k_block=int(pingpong[6:]) or None, p_smem=True)
         elif dtype == "float8_e4m3fn" and pingpong == "stamps":  # the FP8 kernel with time stamps
             k = fa3_fp8.compile_sm90(d, causal, stamps=True)
+        elif dtype == "float8_e4m3fn" and pingpong == "lmma":  # l summed by the tensor cores
+            k = fa3_fp8.compile_sm90(d, causal, l_mma=True)
         elif dtype == "float8_e4m3fn" and pingpong == "stamps-psmem":  # stamps, 256-key blocks
             k = fa3_fp8.compile_sm90(d, causal, stamps=True, p_smem=True)
         elif dtype == "float8_e4m3fn" and isinstance(pingpong, str):  # the FP8 kernel, "switches-P-O"
@@ -99,6 +101,7 @@ print(json.dumps(out))
 """
 FP8_COMBOS = [(d, causal) for d in (64, 128) for causal in (False, True)]
 P_SMEM_BUILDS = [(128, 0), (128, 128), (64, 128)]  # (d, k_block or 0): fa3_fp8's p_smem, not causal
+L_MMA_BUILDS = [(128, False), (128, True), (64, False)]  # (d, causal): l_mma=True on d's default build
 FP8_SWITCH_BUILDS = [(True, True), (False, True), (True, False), (False, False)]  # (pingpong, overlap)
 SCHEDULE_BUILDS = [("no_overlap", 128, False), ("no_warp_specialization", 128, False),
                    ("no_warp_specialization", 64, True)]
@@ -123,6 +126,7 @@ def _builds() -> dict:
     wanted += [("float8_e4m3fn", 128, False, "stamps"), ("float8_e4m3fn", 128, False, "stamps-psmem")]
     wanted += [("float8_e4m3fn", d, False, f"psmem-{kb}") for d, kb in P_SMEM_BUILDS]
     wanted += [("float8_e4m3fn", d, False, "consumers3") for d in (64, 128)]
+    wanted += [("float8_e4m3fn", d, c, "lmma") for d, c in L_MMA_BUILDS]
     wanted += [("float8_e4m3fn", d, False, "poly0.5") for d in (64, 128)]
     wanted += [("bfloat16", d, c, name) for name, d, c in SCHEDULE_BUILDS]
     wanted += [("bfloat16", 128, False, "stamps")]
@@ -700,6 +704,45 @@ def test_fp8_pingpong_build_takes_two_consumers_at_d64():
     assert {int(fa3.PRODUCER_REGS), int(fa3.CONSUMER_REGS)} <= _register_budgets(k.asm["ptx"])
 
 
+@pytest.mark.parametrize("d, causal", L_MMA_BUILDS)
+def test_fp8_l_mma_sums_the_rows_on_the_tensor_cores(d, causal):
+    """l_mma=True on d's default build (256-key blocks at d = 128, three consumers at 64): beside
+    each P V one more wgmma, m64n8k32 e4m3 (Bc / 32 instructions, at both of a consumer's P V
+    sites), and the softmax's row sums gone from the key-block loops: at most 8 FADD a loop where
+    the build without it has more than Bc / 2 (each thread sums 2 rows of Bc / 4 keys). The wait
+    for S_j lets P V and L run on (DEPBAR 0x2, key_block_loops' marker); without the mask the
+    loops touch no local memory."""
+    c = fa3_fp8.config(d)
+    kernel = _compiled(torch.float8_e4m3fn, d, causal, "lmma")
+    plain = _compiled(torch.float8_e4m3fn, d, causal, True)
+    sites = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n8k32\.f32\.e4m3\.e4m3", kernel.asm["ptx"]))
+    assert sites == 2 * c["CONSUMERS"] * c["BLOCK_N"] // 32, sites
+    assert "m64n8k32" not in plain.asm["ptx"]
+    sass, sass_plain = _sass(kernel.asm["cubin"]), _sass(plain.asm["cubin"])
+    if not sass:
+        pytest.skip("needs cuobjdump")
+    loops = sorted(key_block_loops(sass, "DEPBAR.LE gsb0, 0x2"), key=len)[:c["CONSUMERS"]]
+    before = sorted(key_block_loops(sass_plain), key=len)[:c["CONSUMERS"]]
+    assert len(loops) == len(before) == c["CONSUMERS"], ([len(b) for b in loops], [len(b) for b in before])
+    for ops, ops_plain in zip(map(_opcodes, loops), map(_opcodes, before)):
+        fadd = sum(op.startswith("FADD") for op in ops)
+        assert fadd <= 8 < c["BLOCK_N"] // 2 < sum(op.startswith("FADD") for op in ops_plain), fadd
+        gmma = [sum(op.startswith("QGMMA") for op in x) for x in (ops, ops_plain)]
+        assert gmma[0] == gmma[1] + c["BLOCK_N"] // 32, gmma
+    if not causal:
+        assert _local_accesses(loops) == 0
+
+
+def test_fp8_l_mma_names_the_argument():
+    x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
+    with pytest.raises(TypeError, match=r"l_mma must be None, True or False; got 'yes'"):
+        fa3_fp8.forward(x, x, x, False, l_mma="yes")
+    with pytest.raises(ValueError, match=r"l_mma=True sums P from shared memory: it needs a build with P there"):
+        fa3_fp8.compile_sm90(128, p_smem=False, l_mma=True)
+    with pytest.raises(TypeError, match=r"l_mma must be None, True or False; got 1"):
+        fa3_fp8.compile_sm90(128, l_mma=1)
+
+
 @pytest.mark.parametrize("bad", [1, "yes", 0.0])
 def test_fp8_bad_p_smem_names_the_argument(bad):
     x = torch.zeros(1, 1, 16, 64).to(torch.float8_e4m3fn)  # on the CPU: the argument is checked first
@@ -1022,6 +1065,30 @@ def test_fp8_three_consumers_match_too(case):
     else:
         race = experiment.fp8_race_check(d=d, causal=causal, consumers=3)
         assert race["ok"], race
+
+
+@pytest.mark.gpu
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("case", experiment.FP8_CASES + [(2, 16, 2048, 2048, d, c) for d in (64, 128)
+                                                         for c in (False, True)], ids=str)
+def test_fp8_row_sums_on_the_tensor_cores_match_too(case):
+    """l_mma=True (l summed by the tensor cores from the e4m3 P that P V reads): as
+    test_fp8_matches_dequantised_reference, and race-free, on d's default build; the last four
+    cases carry the ring and the ones tile from tile to tile. Its output stays within 2 % of O's
+    RMS of the build that sums l in the softmax, and its lse within 0.01 (log2 units: the two
+    l differ by P's rounding, at most 2^-4 a key)."""
+    B, H, n_q, n_k, d, causal = case
+    _fp8_matches_and_race_free(case, l_mma=True)
+    from flashlab.lab.experiments.fa3 import _fp8_inputs
+
+    pre = _fp8_inputs(B, H, n_q, n_k, d, 0)
+    o1, l1 = fa3_fp8.forward(**pre, causal=causal, l_mma=False)
+    o2, l2 = fa3_fp8.forward(**pre, causal=causal, l_mma=True)
+    rms = o1.double().pow(2).mean().sqrt()
+    assert (o1.double() - o2.double()).pow(2).mean().sqrt() <= 0.02 * rms
+    finite = torch.isfinite(l1)
+    assert torch.equal(finite, torch.isfinite(l2)) and (l1[finite] - l2[finite]).abs().max() <= 0.01
 
 
 def _fp8_matches_and_race_free(case: tuple, **kernel) -> None:

@@ -354,17 +354,20 @@ def _join_halves(a, b, like):
 
 
 @gluon.jit
-def _exp_step(s, m_i, m_new, l_i, qk_scale, P_SHIFT: gl.constexpr = 0.0, EXP_POLY: gl.constexpr = -1):
+def _exp_step(s, m_i, m_new, l_i, qk_scale, P_SHIFT: gl.constexpr = 0.0, EXP_POLY: gl.constexpr = -1,
+              ROW_SUM: gl.constexpr = True):
     """P = 2^P_SHIFT exp2(S * scale * log2 e - m_new) (Br, Bc), l_new = alpha l + rowsum(P) and
     alpha = exp2(m - m_new) (Br,), for a reference maximum that moves from m_i to m_new (Br,).
-    EXP_POLY: P's exp2 on Bc / 2^EXP_POLY of the columns in software (:func:`_exp2_tile`)."""
+    EXP_POLY: P's exp2 on Bc / 2^EXP_POLY of the columns in software (:func:`_exp2_tile`).
+    ROW_SUM=False: l is summed elsewhere (the FP8 kernel's ``l_mma``) and returned as it came."""
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: P = 0, not NaN
     alpha = gl.exp2(m_i - m_ref)  # exp2(m - m_new)
     if EXP_POLY < 0:
         p = gl.exp2(s * qk_scale - (m_ref - P_SHIFT)[:, None])  # P = exp2(S - m_new): one FFMA, one MUFU.EX2 a score
     else:
         p = _exp2_tile(s * qk_scale - (m_ref - P_SHIFT)[:, None], EXP_POLY)
-    l_i = l_i * alpha + gl.reduce(p, 1, _add)  # l = alpha l + rowsum(P)
+    if ROW_SUM:
+        l_i = l_i * alpha + gl.reduce(p, 1, _add)  # l = alpha l + rowsum(P)
     return p, l_i, alpha
 
 

@@ -38,7 +38,8 @@ used as they are, which amounts to reading P's columns in another order, k = pi(
 16 keys (:func:`_as_operand`; ``assert_trivial`` makes the compiler check that no data moves),
 and :func:`wgmma_v` stores V's keys in the same order, so that sum_c P[:, c] V[c] is unchanged.
 Through shared memory, :func:`_p_to_shared` regroups the keys so that each thread stores 16 bytes
-at a time, and :func:`wgmma_v` (``shared_block``) lays V out in that order.
+at a time, and :func:`wgmma_v` (``shared_block``) lays V out in that order. There, ``l_mma`` lets
+the tensor cores sum l as well: L = fp8(P) 1, a narrow wgmma beside each P V (:data:`L_MMA`).
 
 Glossary: e4m3 = 4 exponent bits, 3 mantissa bits, largest 448; descale = the factor an fp8
 number is multiplied by to give the value it stands for; Br, Bc, m, l, lse as in :mod:`.fa3`.
@@ -57,8 +58,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from . import fa3
 from ._common import LN2, LOG2E, check_rescale_threshold, check_scale
 
-__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "OUT_DTYPES", "RESCALE_THRESHOLD", "SWITCHES", "compile_sm90", "config",
-           "fa3_fp8_forward", "forward", "key_order", "wgmma_v"]
+__all__ = ["GLUON_FP8_IMPL", "HEAD_DIMS", "L_MMA", "OUT_DTYPES", "RESCALE_THRESHOLD", "SWITCHES", "compile_sm90",
+           "config", "fa3_fp8_forward", "forward", "key_order", "wgmma_v"]
 
 GLUON_FP8_IMPL = "gluon"  # the name flash_attention_fp8(impl=...) can give this kernel
 HEAD_DIMS = (64, 128)
@@ -110,6 +111,12 @@ P_SMEM_BLOCK_N = 256
 # default; at d = 128 it won without the mask and lost with it (the masked loops spill), and
 # against p_smem's 256-key blocks it won at 16k and lost at 4k: an option there.
 CONSUMERS = {64: 3, 128: 2}
+# l = rowsum(P) on the tensor cores (``l_mma``, with P through shared memory): a second wgmma beside
+# each P V, L += fp8(P) 1 with a (Bc, L_N) tile of ones, instead of the softmax's row sums (some
+# 130 FADD a thread per 256-key block, of about 850 instructions). l then sums the e4m3 P that P V
+# multiplies, so O / l is a weighted mean with the weights P V used. Off by default: not yet timed.
+L_MMA = {64: False, 128: False}
+L_N = gl.constexpr(8)  # the narrowest wgmma: every column of L holds l
 
 
 def config(d: int, p_smem: bool | None = None, consumers: int | None = None) -> dict:
@@ -210,7 +217,7 @@ def _as_operand(p, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 @gluon.jit
 def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_scale, masked, CAUSAL: gl.constexpr,
                       THETA: gl.constexpr, SHIFT: gl.constexpr, EXP_POLY: gl.constexpr = -1, qk_scale_hi=None,
-                      HALVES: gl.constexpr = False):
+                      HALVES: gl.constexpr = False, ROW_SUM: gl.constexpr = True):
     """:func:`.fa3._softmax_step` for the FP8 kernel: S (Br, Bc), m, l (Br,) in log2 units.
     Returns P = 2^SHIFT exp2(S * scale - m_new) (Br, Bc), m_new, l_new, alpha = exp2(m - m_new)
     (Br,) and whether O must be rescaled (a scalar; True when THETA < 0). THETA >= 0: conditional
@@ -218,7 +225,8 @@ def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_sc
     Only rows below N_Q vote: past the last query the tile's rows are the next head's.
     EXP_POLY: P's exp2 in software on Bc / 2^EXP_POLY of the columns (:func:`.fa3._exp2_tile`).
     HALVES: keys [Bc/2, Bc) have their own K descale, so S's second half is scaled by
-    ``qk_scale_hi`` (S = Q8 K8^T r dk, dk one per Bc/2 keys; :func:`.fa3._halves`, no data moves)."""
+    ``qk_scale_hi`` (S = Q8 K8^T r dk, dk one per Bc/2 keys; :func:`.fa3._halves`, no data moves).
+    ROW_SUM=False: l is not summed here (``l_mma``: the tensor cores sum it) and comes back as it came."""
     if HALVES:
         rows_of_s: gl.constexpr = gl.SliceLayout(1, s.type.layout)
         W: gl.constexpr = s.shape[1] // 2
@@ -242,14 +250,15 @@ def _fp8_softmax_step(s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, qk_sc
         m_lo = gl.convert_layout(m_i, rows_lo, assert_trivial=True)
         m_new_lo = gl.convert_layout(m_new, rows_lo, assert_trivial=True)
         p_lo, l_lo, alpha = fa3._exp_step(s_lo, m_lo, m_new_lo, gl.convert_layout(l_i, rows_lo, assert_trivial=True),
-                                          qk_scale, SHIFT, EXP_POLY)
+                                          qk_scale, SHIFT, EXP_POLY, ROW_SUM)
         p_hi, l_hi, _ = fa3._exp_step(s_hi, m_lo, m_new_lo, gl.zeros([s.shape[0]], gl.float32, rows_lo), qk_scale_hi,
-                                      SHIFT, EXP_POLY)
+                                      SHIFT, EXP_POLY, ROW_SUM)
         p = fa3._join_halves(p_lo, p_hi, s)
-        l_i = gl.convert_layout(l_lo + l_hi, rows_of_s, assert_trivial=True)
+        if ROW_SUM:
+            l_i = gl.convert_layout(l_lo + l_hi, rows_of_s, assert_trivial=True)
         alpha = gl.convert_layout(alpha, rows_of_s, assert_trivial=True)
     else:
-        p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT, EXP_POLY)
+        p, l_i, alpha = fa3._exp_step(s, m_i, m_new, l_i, qk_scale, SHIFT, EXP_POLY, ROW_SUM)
     return p, m_new, l_i, alpha, rescale
 
 
@@ -274,21 +283,24 @@ def _descale_at(D, bh, n_blocks_per_head, row, BLOCK: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
-                  N_Q, N_K, BH, DEAL, qk_scale,
+def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars,
+                  turn, N_Q, N_K, BH, DEAL, qk_scale,
                   CAUSAL: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_D: gl.constexpr, STAGES: gl.constexpr, Q_SB: gl.constexpr, K_SB: gl.constexpr,
                   PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                   SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
                   STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False,
-                  CONSUMERS: gl.constexpr = 2):
+                  CONSUMERS: gl.constexpr = 2, L_MMA: gl.constexpr = False):
     """Algorithm 2 for FP8, consumer warpgroup WG (rows m0 + WG * Br + [0, Br) of each tile of the
     program); :func:`.fa3._consumer` with the descales, P's 2^8 and V^T, and the same two switches
     (PINGPONG: the turn barriers; OVERLAP=False: wait for both GEMMs before each softmax).
     STAMPS: time stamps of each phase of tile STAMP_AT, in :func:`.fa3._consumer`'s phases and
     order; P becomes e4m3 inside the P V issue, so "convert" only hands P_next over (near 0).
     P_SMEM: P goes to ``p_smem`` (this warpgroup's (Br, Bc) tile) once the P V before it is done,
-    and the P V product reads both operands from shared memory (:func:`_p_to_shared`)."""
+    and the P V product reads both operands from shared memory (:func:`_p_to_shared`).
+    L_MMA (with P_SMEM): l = rowsum(P) by the tensor cores, beside each P V: L += fp8(P) 1, with 1
+    the (Bc, L_N) tile of ones in ``ones_smem`` (this warpgroup's), so every column of the (Br, L_N)
+    accumulator L holds l; L is rescaled with O, and the softmax adds no row sums."""
     q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
@@ -297,9 +309,18 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     # 8-bit A operand from registers: four consecutive k per 32-bit register
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    # L_MMA: the (Br, L_N) accumulator of L = fp8(P) 1, rows laid out as O's
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, L_N, 32])
+    row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
     HALVES: gl.constexpr = K_SB % BLOCK_N != 0  # a K descale per Bc/2 keys (K_SB a multiple of Bc/2)
     q = q_smem.index(WG)
     p_buf = p_smem.index(WG)  # P_SMEM: this warpgroup's P tile
+    ones = ones_smem.index(WG)  # L_MMA: this warpgroup's (L_N, Bc) tile of ones, 1^T
+    if L_MMA:
+        ones_rows: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])
+        ones.store(gl.full([L_N, BLOCK_N], 1.0, gl.float32, ones_rows).to(gl.float8e4nv))
+        fence_async_shared()  # visible to the wgmma that reads it
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     causal_offset = N_K - N_Q
     c = 0  # ring position (key blocks consumed over all tiles)
@@ -320,6 +341,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+        acc_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)  # L_MMA: l in every column
 
         first = c % STAGES  # block 0's slot
         fa3._stamp(STAMP, here, WG, fa3._WAIT_K, 0, STAMPS)
@@ -341,7 +363,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         fa3._stamp(STAMP, here, WG, fa3._SOFTMAX, 0, STAMPS)
         p, m_i, l_i, alpha, rescale = _fp8_softmax_step(s, m_i, l_i, row0, 0, N_Q, N_K, causal_offset, f,
                                                         fa3._needs_mask(0, N_K, first_row_keys, BLOCK_N, CAUSAL),
-                                                        CAUSAL, THETA, SHIFT, EXP_POLY, f_hi, HALVES)
+                                                        CAUSAL, THETA, SHIFT, EXP_POLY, f_hi, HALVES,
+                                                        not L_MMA)
         fa3._stamp(STAMP, here, WG, fa3._CONVERT, 0, STAMPS)
         if P_SMEM:  # no P V is in flight: the last tile's final one was waited for
             _p_to_shared(p, p_buf, BLOCK_M, BLOCK_N)
@@ -363,16 +386,24 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
                 f_hi = r * _descale_at(KD, bh, NKB, start_n + BLOCK_N // 2, K_SB)
             fa3._stamp(STAMP, here, WG, fa3._RESCALE, j - 1, STAMPS)
             o = _rescale(o, alpha, rescale, row_o)
+            if L_MMA:
+                acc_l = _rescale(acc_l, alpha, rescale, row_l)  # l = alpha l, with O
             fa3._stamp(STAMP, here, WG, fa3._WAIT_V, j - 1, STAMPS)
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
             fa3._stamp(STAMP, here, WG, fa3._ISSUE_PV, j - 1, STAMPS)
             o_tok = warpgroup_mma(_pv_a(p, p_buf, p_layout, BLOCK_M, BLOCK_N, P_SMEM),
                                   v_smem.index(prev).permute((1, 0)), o, is_async=True)
+            if L_MMA:  # l += rowsum(fp8(P_{j-1})) on the tensor cores, behind P V
+                l_tok = warpgroup_mma(p_buf, ones.permute((1, 0)), acc_l, is_async=True)
             fa3._pass_turn(turn, WG, PINGPONG)
             fa3._stamp(STAMP, here, WG, fa3._WAIT_S, j, STAMPS)
-            if OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
+            if OVERLAP and L_MMA:  # S_j is ready; P V and L may still run
+                s = warpgroup_mma_wait(2, deps=(s_tok,))
+            elif OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
+            elif L_MMA:  # all three done before the softmax
+                o, s, acc_l = warpgroup_mma_wait(0, deps=(o_tok, s_tok, l_tok))
             else:  # both GEMMs done before the softmax
                 o, s = warpgroup_mma_wait(0, deps=(o_tok, s_tok))
             mbarrier.arrive(k_empty.index(stage), count=1)
@@ -380,11 +411,13 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             p_next, m_i, l_i, alpha, rescale = _fp8_softmax_step(
                 s, m_i, l_i, row0, start_n, N_Q, N_K, causal_offset, f,
                 fa3._needs_mask(start_n, N_K, first_row_keys, BLOCK_N, CAUSAL), CAUSAL, THETA, SHIFT, EXP_POLY,
-                f_hi, HALVES)
+                f_hi, HALVES, not L_MMA)
             # P is no dependency here: the wait cannot carry 8-bit registers (LLVM ERROR "Unexpected
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
             fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, j - 1, STAMPS)
-            if OVERLAP:
+            if OVERLAP and L_MMA:
+                o, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+            elif OVERLAP:
                 o = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(prev), count=1)
             fa3._stamp(STAMP, here, WG, fa3._CONVERT, j, STAMPS)
@@ -396,6 +429,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         last = (c + n_blocks - 1) % STAGES
         fa3._stamp(STAMP, here, WG, fa3._RESCALE, n_blocks - 1, STAMPS)
         o = _rescale(o, alpha, rescale, row_o)
+        if L_MMA:
+            acc_l = _rescale(acc_l, alpha, rescale, row_l)
         fa3._stamp(STAMP, here, WG, fa3._WAIT_V, n_blocks - 1, STAMPS)
         mbarrier.wait(v_full.index(last), ((c + n_blocks - 1) // STAGES) & 1)
         fa3._stamp(STAMP, here, WG, fa3._WAIT_TURN, n_blocks, STAMPS)  # turn n_blocks: the last P V's
@@ -403,9 +438,15 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         fa3._stamp(STAMP, here, WG, fa3._ISSUE_PV, n_blocks - 1, STAMPS)
         o_tok = warpgroup_mma(_pv_a(p, p_buf, p_layout, BLOCK_M, BLOCK_N, P_SMEM),
                               v_smem.index(last).permute((1, 0)), o, is_async=True)
+        if L_MMA:
+            l_tok = warpgroup_mma(p_buf, ones.permute((1, 0)), acc_l, is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
         fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, n_blocks - 1, STAMPS)
-        o = warpgroup_mma_wait(0, deps=(o_tok,))
+        if L_MMA:
+            o, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+            l_i = gl.convert_layout(gl.max(acc_l, 1), gl.SliceLayout(1, s_layout))  # every column holds l
+        else:
+            o = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(last), count=1)
         fa3._stamp(STAMP, here, WG, fa3._WRITE, n_blocks - 1, STAMPS)
         # O = O dv / l and lse = m + log2(l) - SHIFT: l summed the 2^SHIFT-scaled P, as O did
@@ -425,7 +466,7 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
                     PINGPONG: gl.constexpr = True, OVERLAP: gl.constexpr = True, THETA: gl.constexpr = -1.0,
                     SHIFT: gl.constexpr = P_SHIFT, STAMP=None, STAMP_AT: gl.constexpr = 0,
                     STAMPS: gl.constexpr = False, EXP_POLY: gl.constexpr = -1, P_SMEM: gl.constexpr = False,
-                    CONSUMERS: gl.constexpr = 2):
+                    CONSUMERS: gl.constexpr = 2, L_MMA: gl.constexpr = False):
     """A persistent grid, as :func:`.fa3._fa3_kernel`. Q, K as (B * H * N, d) views, V^T as
     (B * H * d, N_k), O as (B * H * N_q, d). STAMPS: tile STAMP_AT writes the time stamps of its
     phases into STAMP (:func:`.fa3._stamp`), as the bf16 kernel's do."""
@@ -435,28 +476,31 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
     if P_SMEM:  # each consumer's P tile, (Br, Bc) e4m3
         # 128-byte swizzle, 8-bit elements: the layout get_default_for gives Q, K and V^T here
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, BLOCK_M, BLOCK_N], gl.NVMMASharedLayout(128, 8))
+    ones_smem = q_smem  # unread unless L_MMA
+    if L_MMA:  # each consumer's 1^T, (L_N, Bc) e4m3, the B operand of L = fp8(P) 1 (K-major, as V^T)
+        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, L_N, BLOCK_N], gl.NVMMASharedLayout(128, 8))
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
+                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
             (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
         ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
     else:  # three consumers: no ping-pong (its turns are for two), registers as fa3.MAXNREG_3
         gl.warp_specialize([
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, bars, turn,
+                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
                          N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 2, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS)),
+                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
             (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
         ], [4, 4, 1], [fa3.CONSUMER_REGS_3, fa3.CONSUMER_REGS_3, fa3.PRODUCER_REGS])
@@ -556,7 +600,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             overlap: bool | None = None,
             rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: torch.Tensor | None = None,
             stamp_at: int = 0, poly_fraction: float | None = None,
-            p_smem: bool | None = None, consumers: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            p_smem: bool | None = None, consumers: int | None = None,
+            l_mma: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel; arguments as :func:`fa3_fp8_forward`, and ``pingpong``, ``overlap`` as
     :func:`flashlab.kernels.fa3.forward` takes them (None: :data:`SWITCHES`' default for d);
     ``rescale_threshold``: conditional rescaling (:data:`RESCALE_THRESHOLD`), theta in [0, 8];
@@ -567,12 +612,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     consumers (None: :data:`P_SMEM`'s default for d, or Bc = 128 where ``stamps`` is given);
     ``consumers``: 2 or 3 consumer warpgroups (None: :data:`CONSUMERS`' default, or two where
     ``p_smem`` or ``stamps`` is given or ``pingpong`` is true; 3 takes P through shared memory at
-    Bc = 128, no ping-pong and no stamps). :func:`config` lists the builds. Returns o and lse2
-    (log2 units)."""
+    Bc = 128, no ping-pong and no stamps); ``l_mma``: l = rowsum(P) summed by the tensor cores
+    (:data:`L_MMA`; None: its default for d), for builds that take P through shared memory.
+    :func:`config` lists the builds. Returns o and lse2 (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
         _exp_poly(0, poly_fraction)  # checked before the tensors are
     config(0, p_smem, consumers)  # p_smem and consumers checked before the tensors are
+    _check_l_mma(l_mma)
     _check(q, k, v, q_block, k_block, v_block, out_dtype)
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
@@ -580,6 +627,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     scale = check_scale(scale, D)
     pingpong, overlap = fa3.switches(D, pingpong, overlap, SWITCHES)
     _three_consumers_allow(c, pingpong, stamps is not None)
+    l_on_mma = _l_mma(D, l_mma, c)
     exp_poly = _exp_poly(D, poly_fraction)
     qd = _descale("q_descale", q_descale, q_block, B, H, N_Q, q.device)
     kd = _descale("k_descale", k_descale, k_block, B, H, N_K, q.device)
@@ -605,7 +653,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     _fa3_fp8_kernel[(n_programs,)](*descs, o, lse2, qd, kd, vd, qd.shape[-1], kd.shape[-1], N_Q, N_K, B * H, deal,
                                    scale * LOG2E, CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0,
                                    PINGPONG=pingpong, OVERLAP=overlap, **rescaling, **c, **stamping, EXP_POLY=exp_poly,
-                                   num_warps=fa3.NUM_WARPS, maxnreg=_registers(c))
+                                   L_MMA=l_on_mma, num_warps=fa3.NUM_WARPS, maxnreg=_registers(c))
     return o, lse2
 
 
@@ -619,6 +667,22 @@ def _build_config(d: int, p_smem: bool | None, consumers: int | None, pingpong: 
         if stamps and p_smem is None:
             p_smem = False
     return config(d, p_smem, consumers)
+
+
+def _check_l_mma(l_mma: object) -> None:
+    if l_mma is not None and not isinstance(l_mma, bool):
+        raise TypeError(f"l_mma must be None, True or False; got {l_mma!r}")
+
+
+def _l_mma(d: int, l_mma: object, c: dict) -> bool:
+    """The kernel's L_MMA for ``l_mma`` (None: :data:`L_MMA` at d) and a build ``c`` of
+    :func:`config`: the tensor cores sum l only where P is in shared memory for them to read."""
+    _check_l_mma(l_mma)
+    on = L_MMA.get(d, False) if l_mma is None else l_mma
+    if on and not c["P_SMEM"]:
+        raise ValueError("l_mma=True sums P from shared memory: it needs a build with P there (p_smem=True, "
+                         f"or consumers=3); got P in registers (Bc = {c['BLOCK_N']}, {c['CONSUMERS']} consumers)")
+    return on
 
 
 def _three_consumers_allow(c: dict, pingpong: bool, stamps: bool) -> None:
@@ -658,10 +722,11 @@ def fa3_fp8_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, k_block: int | None = 128,
                  out_dtype: torch.dtype = torch.bfloat16, pingpong: bool | None = None, overlap: bool | None = None,
                  rescale_threshold: float | None = RESCALE_THRESHOLD, stamps: bool = False,
-                 poly_fraction: float | None = None, p_smem: bool | None = None, consumers: int | None = None):
+                 poly_fraction: float | None = None, p_smem: bool | None = None, consumers: int | None = None,
+                 l_mma: bool | None = None):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
-    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem``, ``consumers`` as
-    :func:`forward` takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
+    ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem``, ``consumers``,
+    ``l_mma`` as :func:`forward` takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = _build_config(d, p_smem, consumers, pingpong, bool(stamps))
@@ -670,7 +735,7 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
     _three_consumers_allow(c, pingpong, bool(stamps))
     constexprs = dict(CAUSAL=bool(causal), Q_SB=q_block or 0, K_SB=k_block or 0, PINGPONG=pingpong,
                       OVERLAP=overlap, **_rescaling(rescale_threshold), **c, STAMP_AT=0,
-                      EXP_POLY=_exp_poly(d, poly_fraction),
+                      EXP_POLY=_exp_poly(d, poly_fraction), L_MMA=_l_mma(d, l_mma, c),
                       STAMPS=bool(stamps)) | ({} if stamps else dict(STAMP=None))
     signature = {"desc_q": fa3.tensor_descriptor_type(f8, [c["BLOCK_M"], d]),
                  "desc_k": fa3.tensor_descriptor_type(f8, [c["BLOCK_N"], d]),

@@ -142,7 +142,8 @@ def staircase_row(steps: int = 10, rise: float = 1.0, block_size: int = 4, seed:
 
 def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64, causal: bool = False,
                           scale: float | None = None, dtype=np.float64, row_group: int = 1,
-                          p_format: str | None = None, p_shift: float = 0.0) -> ConditionalResult:
+                          p_format: str | None = None, p_shift: float = 0.0,
+                          l_of_rounded_p: bool = False) -> ConditionalResult:
     """Attention by online softmax over K/V blocks with conditional rescaling (FA4 §3.2).
 
     Parameters
@@ -161,6 +162,9 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         the row sums l the unrounded P. flashlab.kernels.fa3_fp8 casts P = 2^(8 - theta)
         exp2(S - m_ref) <= 2^8, so p_shift = 8 - theta emulates it (theta = 0: a kernel that
         rescales at every block).
+    l_of_rounded_p : the row sums l add the rounded P that P V multiplies, not the exact P (a
+        kernel whose tensor cores sum l from the same FP8 tile: flashlab.kernels.fa3_fp8's
+        ``l_mma``); then o is a weighted mean of V's rows with exactly the weights P V used.
     """
     q, k, v = _check_qkv(q, k, v, dtype)
     theta, Bc = _threshold(threshold), positive_int("block_size", block_size)
@@ -172,6 +176,8 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
                          "with p_format=None")
     if p_format is not None and p_format not in FP8_FORMATS:
         raise ValueError(f"p_format must be None or one of {sorted(FP8_FORMATS)}; got {p_format!r}")
+    if not isinstance(l_of_rounded_p, (bool, np.bool_)):
+        raise TypeError(f"l_of_rounded_p must be True or False; got {l_of_rounded_p!r}")
     round_p = (lambda p: p) if p_format is None else _fp8_rounder(p_format, float(p_shift))
     N_q, N_k = q.shape[-2], k.shape[-2]
     s_log2 = (q @ np.swapaxes(k, -1, -2)) * (_scale(scale, q.shape[-1]) * LOG2E)  # (..., N_q, N_k) log2 units
@@ -200,8 +206,9 @@ def conditional_attention(q, k, v, threshold: float = 8.0, block_size: int = 64,
         p = np.exp2(s_blk - m_ref_finite)  # (..., N_q, Bc), each <= 2^theta
         if p.size:
             max_p = max(max_p, float(np.max(p)))
-        l = l + np.sum(p, axis=-1)
-        o_tilde = o_tilde + round_p(p) @ v[..., j:j + Bc, :]  # (..., N_q, d_v)
+        p_mul = round_p(p)  # the P that P V multiplies
+        l = l + np.sum(p_mul if l_of_rounded_p else p, axis=-1)  # l = alpha l + rowsum(P)
+        o_tilde = o_tilde + p_mul @ v[..., j:j + Bc, :]  # (..., N_q, d_v)
     o = np.where(l[..., None] > 0, o_tilde / np.where(l > 0, l, 1.0)[..., None], 0.0)  # o = o_tilde / l
     return ConditionalResult(o, count, m_ref, l, max_p)
 

@@ -611,7 +611,7 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
                    pingpong: bool | None = None, overlap: bool | None = None,
                    rescale_threshold: float | None = None, staircase: float = 0.0,
                    poly_fraction: float | None = None, p_smem: bool | None = None,
-                   consumers: int | None = None) -> dict[str, object]:
+                   consumers: int | None = None, l_mma: bool | None = None) -> dict[str, object]:
     """The Gluon FP8 forward against float64 attention of its dequantised inputs (RMSE), beside the
     Triton FP8 kernel on the same inputs and beside an emulation of the Gluon kernel's own rounding
     of P (:func:`fp8_emulated_rmse`); lse against the reference's. ok: RMSE at most 1.25x the
@@ -621,7 +621,8 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES);
     ``rescale_threshold``: conditional rescaling (None: rescale at every block); ``poly_fraction``:
     the share of P's exp2 in software (None: fa3_fp8.POLY_FRACTION); ``p_smem``: P through shared
-    memory at Bc = 256 (None: fa3_fp8.P_SMEM); ``consumers``: 2 or 3 (None: fa3_fp8.CONSUMERS); ``staircase``:
+    memory at Bc = 256 (None: fa3_fp8.P_SMEM); ``consumers``: 2 or 3 (None: fa3_fp8.CONSUMERS); ``l_mma``: l
+    summed by the tensor cores (None: fa3_fp8.L_MMA); ``staircase``:
     scores whose block maxima climb this much a key block (:func:`_staircase`), where conditional
     rescaling keeps a stale maximum for blocks on end."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
@@ -633,12 +634,12 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
     o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap,
                           rescale_threshold=rescale_threshold, poly_fraction=poly_fraction, p_smem=p_smem,
-                          consumers=consumers)
+                          consumers=consumers, l_mma=l_mma)
     lse = lse2 * LN2
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
     rmse_tri = ((o_tri.double().cpu() - o_ref) ** 2).mean().sqrt().item()
-    rmse_emu = fp8_emulated_rmse(deq, o_ref.numpy(), causal, rescale_threshold, p_smem, consumers)
+    rmse_emu = fp8_emulated_rmse(deq, o_ref.numpy(), causal, rescale_threshold, p_smem, consumers, l_mma)
     lse = lse.double().cpu()
     finite = torch.isfinite(lse_ref)
     same_inf = bool(torch.equal(finite, torch.isfinite(lse))) and bool((lse[~finite] == float("-inf")).all())
@@ -653,14 +654,15 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
 
 def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
                       rescale_threshold: float | None = None, p_smem: bool | None = None,
-                      consumers: int | None = None) -> float:
+                      consumers: int | None = None, l_mma: bool | None = None) -> float:
     """RMSE against ``o_ref`` of the Gluon FP8 kernel's softmax arithmetic emulated in float64:
     online softmax over its key blocks (Bc of fa3_fp8.config: 256 with ``p_smem``, the d = 128
     default; 128 otherwise) with its
     warpgroups' rule for moving m (64 rows decide together; theta = 0 without a threshold, which
     moves m whenever a row's maximum rises),
     and P = 2^SHIFT exp2(S - m) (SHIFT = 8 - theta, as the kernel takes them from
-    ``rescale_threshold``) rounded to e4m3 before P V. Left out: the kernel's rounding of O to
+    ``rescale_threshold``) rounded to e4m3 before P V; with ``l_mma`` (the tensor cores sum l)
+    the row sums add that rounded P too. Left out: the kernel's rounding of O to
     bf16 and the FP8 wgmma's own accumulation, so this bounds the size of the kernel's error, not
     its elements. ``qkv``: the dequantised Q (B, H, N_q, d), K and V (B, H, N_k, d) as float64
     arrays; ``o_ref`` (B, H, N_q, d)."""
@@ -673,21 +675,23 @@ def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
                          f"got {np.shape(o_ref)}")
     shape, rule = fa3_fp8.config(q.shape[-1], p_smem, consumers), fa3_fp8._rescaling(rescale_threshold)
     theta = max(rule["THETA"], 0.0)  # THETA < 0: rescale at every block, the rule of theta = 0
+    l_rounded = fa3_fp8._l_mma(q.shape[-1], l_mma, shape)
     o = conditional_attention(*qkv, theta, shape["BLOCK_N"], causal, row_group=shape["BLOCK_M"],
-                              p_format="e4m3", p_shift=rule["SHIFT"]).o
+                              p_format="e4m3", p_shift=rule["SHIFT"], l_of_rounded_p=l_rounded).o
     return float(np.sqrt(np.mean((o - o_ref) ** 2)))
 
 
 def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,
                    pingpong: bool | None = None, overlap: bool | None = None,
                    rescale_threshold: float | None = None, poly_fraction: float | None = None,
-                   p_smem: bool | None = None, consumers: int | None = None) -> dict[str, object]:
+                   p_smem: bool | None = None, consumers: int | None = None,
+                   l_mma: bool | None = None) -> dict[str, object]:
     """The FP8 kernel twice on the same inputs gives identical bits; a NaN-filled output is overwritten."""
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
 
     pre = _fp8_inputs(B, H, n, n, d, 1)
     switched = dict(causal=causal, pingpong=pingpong, overlap=overlap, rescale_threshold=rescale_threshold,
-                    poly_fraction=poly_fraction, p_smem=p_smem, consumers=consumers)
+                    poly_fraction=poly_fraction, p_smem=p_smem, consumers=consumers, l_mma=l_mma)
     o1, lse1 = fp8_forward(**pre, **switched)
     poisoned = torch.full_like(o1, float("nan"))
     o2, lse2 = fp8_forward(**pre, **switched, out=poisoned)

@@ -38,6 +38,9 @@
 #           tests with it, then it against main with a bits check (../run22/ab_tree_max.py)
 #   ts8ps   run 30: the FP8 stamp tests (both builds), then one stamped tile of the 256-key default
 #           (fp8timeline256)
+#   tlmma   run 30: change 28 (l summed by the tensor cores, fa3_fp8.forward(l_mma=True)): its GPU
+#           tests, then the FP8 tests at the defaults it must not disturb
+#   lmma    run 30: change 28 against d = 128's default build (../run30/ab_lmma.py); lmma64 at d = 64
 #   psmem2  run 27: changes 25 and 26 with the bench's FP8 inputs (K a descale per 128 keys) against
 #           main (../run27/ab_psmem_bench.py)
 #   ncu23   run 25: Nsight Compute's stall samples per SASS instruction of the FP8 kernel with change
@@ -67,7 +70,7 @@ broken() {  # broken SED...: the staircase test against the kernel each SED brea
     timeout $(cap 45) env TRITON_CACHE_DIR=$(mktemp -d) $GLUON -x -k "conditional_rescaling_matches and 0.75" \
       >> $OUT/broken/log.txt 2>&1; echo "rc=$? $(el)s" >> $OUT/broken/log.txt; cp /tmp/fa3_fp8.orig $K
   done; pack broken; }
-KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 ncu23 skip psmem tps psmem2 psmem64 tfp8 c27 ts8ps variants b128 b64"
+KNOWN="ab abt tb t1 t256 s256 ncu t2 fp8sw broken cr tauto ts8 ts8pp tpoly tree tree2 tree3 ncu23 skip psmem tps psmem2 psmem64 tfp8 c27 ts8ps tlmma lmma lmma64 variants b128 b64"
 for s in $STEPS; do [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step $s; steps: $KNOWN" >&2; exit 2; }; done
 mkdir -p $OUT/s1 && cp $D/*.sh $D/*.py $D/device_commit.txt $D/device_tree.diff $OUT/s1/
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python -c "import torch,triton;print(torch.__version__,triton.__version__)"; date -u; echo "commit $(cat $D/device_commit.txt) + device_tree.diff; STEPS=$STEPS END=$END AB_D=$AB_D NOTE=$NOTE"; } > $OUT/s1/gpu.txt 2>&1
@@ -142,6 +145,9 @@ sys.exit(pytest.main(['-m', 'gpu', 'tests/test_kernels_gluon.py', '-q', '-p', 'n
       exit \$(( a | \$? ))" ;;
   ts8ps) step ts8ps 150 bash -c "$GLUON -v -k fp8_time_stamps_take_every_phase; a=\$?
       python -m flashlab.lab.experiments fp8timeline256 --out $OUT/ts8ps; exit \$(( a | \$? ))" ;;
+  tlmma) step tlmma 300 $GLUON -k "fp8 and (row_sums_on_the_tensor_cores or matches_dequantised or race_free)" ;;
+  lmma) step lmma 150 env PYTHONPATH=. python $D/../run30/ab_lmma.py $OUT/lmma ;;
+  lmma64) step lmma64 120 env AB_D=64 PYTHONPATH=. python $D/../run30/ab_lmma.py $OUT/lmma64 ;;
   psmem64) step psmem64 120 env AB_D=64 PYTHONPATH=. python $D/../run27/ab_psmem_bench.py $OUT/psmem64 ;;
   ncu23) P=$D/../run24/change23.patch
     patched $P step ncu23 200 bash -c "cd $D/../run24 && AB_PATCH=$P ncu --clock-control none -k regex:_fa3_fp8_kernel \
