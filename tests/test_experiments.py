@@ -1,5 +1,7 @@
 """The experiments' shared row measurement, checked on a CPU (the timer is replaced)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -278,3 +280,27 @@ def test_fp8_emulation_follows_l_mma():
     assert rounded != fa3.fp8_emulated_rmse(qkv, o_ref, False, l_mma=False)
     with pytest.raises(ValueError, match="l_mma=True sums P from shared memory"):
         fa3.fp8_emulated_rmse(qkv, o_ref, False, p_smem=False, l_mma=True)
+
+
+def test_fp8_emulated_lse_is_exact_unless_l_sums_the_rounded_p():
+    """fp8_check_case holds an l_mma kernel's lse to the emulation's, m_ref + log2 l: with l of
+    the exact P that is the float64 lse, causal rows with no key -inf; with l of the rounded P it
+    moves, at most by log2(1 + 2^-4 + N_k 2^-18) (each P rounds by 2^-4 of itself or half e4m3's
+    subnormal step, 2^-18 unshifted, against l >= 1)."""
+    from flashlab.kernels.fp8 import dequantize_fp8
+    from flashlab.lab.experiments import fa3
+    from flashlab.reference import attention
+
+    pre = fa3._fp8_inputs(1, 2, 300, 256, 128, 0, device="cpu")
+    qkv = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().numpy() for x in "qkv"]
+    _, lse_ref = attention(*qkv, causal=True, return_lse=True)  # natural log; 44 rows see no key
+    lse2 = {}
+    for l_mma in (False, True):
+        emu = fa3.fp8_emulated(qkv, True, l_mma=l_mma)
+        with np.errstate(divide="ignore"):
+            lse2[l_mma] = emu.m_ref + np.log2(emu.l)
+    finite = np.isfinite(lse_ref)
+    assert np.array_equal(finite, np.isfinite(lse2[False])) and np.array_equal(finite, np.isfinite(lse2[True]))
+    assert np.allclose(lse2[False][finite] * math.log(2), lse_ref[finite], rtol=0, atol=1e-12)
+    moved = np.abs(lse2[True][finite] - lse2[False][finite])
+    assert 0 < moved.max() <= math.log2(1 + 2.0**-4 + 256 * 2.0**-18)

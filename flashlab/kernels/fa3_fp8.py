@@ -112,9 +112,11 @@ P_SMEM_BLOCK_N = 256
 # against p_smem's 256-key blocks it won at 16k and lost at 4k: an option there.
 CONSUMERS = {64: 3, 128: 2}
 # l = rowsum(P) on the tensor cores (``l_mma``, with P through shared memory): a second wgmma beside
-# each P V, L += fp8(P) 1 with a (Bc, L_N) tile of ones, instead of the softmax's row sums (some
-# 130 FADD a thread per 256-key block, of about 850 instructions). l then sums the e4m3 P that P V
-# multiplies, so O / l is a weighted mean with the weights P V used. Off by default: not yet timed.
+# each P V, L = fp8(P) 1 with a (Bc, L_N) tile of ones, added to l in fp32 registers, instead of the
+# softmax's row sums (some 130 FADD a thread per 256-key block, of about 850 instructions). l then
+# sums the e4m3 P that P V multiplies, so O / l weighs V's rows exactly as P V did, and lse is that
+# of the rounded P: in a row that sees few keys up to log2(1 + 2^-4) from the exact one (each P
+# rounds by up to 2^-4). Off by default: not yet timed.
 L_MMA = {64: False, 128: False}
 L_N = gl.constexpr(8)  # the narrowest wgmma: every column of L holds l
 
@@ -298,9 +300,10 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
     order; P becomes e4m3 inside the P V issue, so "convert" only hands P_next over (near 0).
     P_SMEM: P goes to ``p_smem`` (this warpgroup's (Br, Bc) tile) once the P V before it is done,
     and the P V product reads both operands from shared memory (:func:`_p_to_shared`).
-    L_MMA (with P_SMEM): l = rowsum(P) by the tensor cores, beside each P V: L += fp8(P) 1, with 1
-    the (Bc, L_N) tile of ones in ``ones_smem`` (this warpgroup's), so every column of the (Br, L_N)
-    accumulator L holds l; L is rescaled with O, and the softmax adds no row sums."""
+    L_MMA (with P_SMEM): each block's rowsum(P) by the tensor cores, beside its P V: L = fp8(P) 1,
+    with 1 the (Bc, L_N) tile of ones in ``ones_smem`` (this warpgroup's), so every column of the
+    (Br, L_N) result holds it; l, a (Br, L_N) fp32 tile in registers, is rescaled with O and adds
+    L (l = alpha l + L), and the softmax adds no row sums."""
     q_full, q_empty, k_full, k_empty, v_full, v_empty = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
@@ -322,6 +325,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         ones.store(gl.full([L_N, BLOCK_N], 1.0, gl.float32, ones_rows).to(gl.float8e4nv))
         fence_async_shared()  # visible to the wgmma that reads it
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    zero_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)  # L_MMA: each block's L starts from 0
     causal_offset = N_K - N_Q
     c = 0  # ring position (key blocks consumed over all tiles)
     n = 0  # tiles done
@@ -341,7 +345,7 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-        acc_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)  # L_MMA: l in every column
+        acc_l = gl.zeros([BLOCK_M, L_N], gl.float32, l_layout)  # L_MMA: l in every column, in fp32
 
         first = c % STAGES  # block 0's slot
         fa3._stamp(STAMP, here, WG, fa3._WAIT_K, 0, STAMPS)
@@ -387,15 +391,16 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             fa3._stamp(STAMP, here, WG, fa3._RESCALE, j - 1, STAMPS)
             o = _rescale(o, alpha, rescale, row_o)
             if L_MMA:
-                acc_l = _rescale(acc_l, alpha, rescale, row_l)  # l = alpha l, with O
+                acc_l = _rescale(acc_l, alpha, rescale, row_l)  # l = alpha l, with O (then + L_{j-1})
             fa3._stamp(STAMP, here, WG, fa3._WAIT_V, j - 1, STAMPS)
             mbarrier.wait(v_full.index(prev), ((c + j - 1) // STAGES) & 1)
             # O += fp8(P_{j-1}) V8_{j-1}: V^T_{j-1} (d, Bc) in shared memory, keys in P's column order
             fa3._stamp(STAMP, here, WG, fa3._ISSUE_PV, j - 1, STAMPS)
             o_tok = warpgroup_mma(_pv_a(p, p_buf, p_layout, BLOCK_M, BLOCK_N, P_SMEM),
                                   v_smem.index(prev).permute((1, 0)), o, is_async=True)
-            if L_MMA:  # l += rowsum(fp8(P_{j-1})) on the tensor cores, behind P V
-                l_tok = warpgroup_mma(p_buf, ones.permute((1, 0)), acc_l, is_async=True)
+            if L_MMA:  # L_{j-1} = rowsum(fp8(P_{j-1})) on the tensor cores, behind P V; one block's
+                # sum only: the FP8 accumulator adds with fewer bits than fp32, so l adds it in fp32
+                l_tok = warpgroup_mma(p_buf, ones.permute((1, 0)), zero_l, use_acc=False, is_async=True)
             fa3._pass_turn(turn, WG, PINGPONG)
             fa3._stamp(STAMP, here, WG, fa3._WAIT_S, j, STAMPS)
             if OVERLAP and L_MMA:  # S_j is ready; P V and L may still run
@@ -403,7 +408,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             elif OVERLAP:  # S_j is ready; P_{j-1} V_{j-1} may still run
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
             elif L_MMA:  # all three done before the softmax
-                o, s, acc_l = warpgroup_mma_wait(0, deps=(o_tok, s_tok, l_tok))
+                o, s, l_blk = warpgroup_mma_wait(0, deps=(o_tok, s_tok, l_tok))
+                acc_l = acc_l + l_blk  # l = alpha l + rowsum(P_{j-1})
             else:  # both GEMMs done before the softmax
                 o, s = warpgroup_mma_wait(0, deps=(o_tok, s_tok))
             mbarrier.arrive(k_empty.index(stage), count=1)
@@ -416,7 +422,8 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
             # bitwidth in WGMMAWaitGroupOp: 8"); ptxas keeps P's registers until the wgmma is done
             fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, j - 1, STAMPS)
             if OVERLAP and L_MMA:
-                o, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+                o, l_blk = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+                acc_l = acc_l + l_blk  # l = alpha l + rowsum(P_{j-1})
             elif OVERLAP:
                 o = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(v_empty.index(prev), count=1)
@@ -439,11 +446,12 @@ def _consumer_fp8(desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, 
         o_tok = warpgroup_mma(_pv_a(p, p_buf, p_layout, BLOCK_M, BLOCK_N, P_SMEM),
                               v_smem.index(last).permute((1, 0)), o, is_async=True)
         if L_MMA:
-            l_tok = warpgroup_mma(p_buf, ones.permute((1, 0)), acc_l, is_async=True)
+            l_tok = warpgroup_mma(p_buf, ones.permute((1, 0)), zero_l, use_acc=False, is_async=True)
         fa3._pass_turn(turn, WG, PINGPONG)
         fa3._stamp(STAMP, here, WG, fa3._WAIT_PV, n_blocks - 1, STAMPS)
         if L_MMA:
-            o, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+            o, l_blk = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+            acc_l = acc_l + l_blk
             l_i = gl.convert_layout(gl.max(acc_l, 1), gl.SliceLayout(1, s_layout))  # every column holds l
         else:
             o = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -613,7 +621,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     ``consumers``: 2 or 3 consumer warpgroups (None: :data:`CONSUMERS`' default, or two where
     ``p_smem`` or ``stamps`` is given or ``pingpong`` is true; 3 takes P through shared memory at
     Bc = 128, no ping-pong and no stamps); ``l_mma``: l = rowsum(P) summed by the tensor cores
-    (:data:`L_MMA`; None: its default for d), for builds that take P through shared memory.
+    (:data:`L_MMA`; None: its default for d), for builds that take P through shared memory; its lse
+    is then that of the e4m3 P that P V multiplied.
     :func:`config` lists the builds. Returns o and lse2 (log2 units)."""
     rescaling = _rescaling(rescale_threshold)
     if poly_fraction is not None:
@@ -678,7 +687,7 @@ def _l_mma(d: int, l_mma: object, c: dict) -> bool:
     """The kernel's L_MMA for ``l_mma`` (None: :data:`L_MMA` at d) and a build ``c`` of
     :func:`config`: the tensor cores sum l only where P is in shared memory for them to read."""
     _check_l_mma(l_mma)
-    on = L_MMA.get(d, False) if l_mma is None else l_mma
+    on = (L_MMA.get(d, False) and c["P_SMEM"]) if l_mma is None else l_mma  # a default only where it fits
     if on and not c["P_SMEM"]:
         raise ValueError("l_mma=True sums P from shared memory: it needs a build with P there (p_smem=True, "
                          f"or consumers=3); got P in registers (Bc = {c['BLOCK_N']}, {c['CONSUMERS']} consumers)")

@@ -617,7 +617,8 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     of P (:func:`fp8_emulated_rmse`); lse against the reference's. ok: RMSE at most 1.25x the
     Triton kernel's + 1e-4 (rescaling at every block) or at most 1.1x the emulation's + 1e-5
     (conditional rescaling, which loses up to 2x against rescaling at every block on inputs
-    built against it), lse within 1e-3 relative, -inf exactly where a row sees no key.
+    built against it), lse within 1e-3 relative, -inf exactly where a row sees no key (with
+    ``l_mma`` the lse of the emulation, whose l sums the rounded P as the kernel's does).
     ``pingpong``, ``overlap``: the kernel's switches (None: fa3_fp8.SWITCHES);
     ``rescale_threshold``: conditional rescaling (None: rescale at every block); ``poly_fraction``:
     the share of P's exp2 in software (None: fa3_fp8.POLY_FRACTION); ``p_smem``: P through shared
@@ -625,6 +626,7 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     summed by the tensor cores (None: fa3_fp8.L_MMA); ``staircase``:
     scores whose block maxima climb this much a key block (:func:`_staircase`), where conditional
     rescaling keeps a stale maximum for blocks on end."""
+    from flashlab.kernels import fa3_fp8
     from flashlab.kernels.fa3_fp8 import forward as fp8_forward
     from flashlab.kernels.fp8 import dequantize_fp8, flash_attention_fp8
 
@@ -639,7 +641,11 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
     rmse_tri = ((o_tri.double().cpu() - o_ref) ** 2).mean().sqrt().item()
-    rmse_emu = fp8_emulated_rmse(deq, o_ref.numpy(), causal, rescale_threshold, p_smem, consumers, l_mma)
+    emu = fp8_emulated(deq, causal, rescale_threshold, p_smem, consumers, l_mma)
+    rmse_emu = float(np.sqrt(np.mean((emu.o - o_ref.numpy()) ** 2)))
+    if fa3_fp8._l_mma(d, l_mma, fa3_fp8.config(d, p_smem, consumers)):  # lse of the e4m3 P: the emulation's
+        seen = emu.l > 0
+        lse_ref = torch.from_numpy(np.where(seen, (emu.m_ref + np.log2(np.where(seen, emu.l, 1.0))) * LN2, -np.inf))
     lse = lse.double().cpu()
     finite = torch.isfinite(lse_ref)
     same_inf = bool(torch.equal(finite, torch.isfinite(lse))) and bool((lse[~finite] == float("-inf")).all())
@@ -655,7 +661,19 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
 def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
                       rescale_threshold: float | None = None, p_smem: bool | None = None,
                       consumers: int | None = None, l_mma: bool | None = None) -> float:
-    """RMSE against ``o_ref`` of the Gluon FP8 kernel's softmax arithmetic emulated in float64:
+    """RMSE against ``o_ref`` (B, H, N_q, d) of :func:`fp8_emulated`'s output; arguments as it
+    takes them."""
+    q = qkv[0]
+    if np.shape(o_ref) != q.shape[:-1] + (qkv[2].shape[-1],):
+        raise ValueError(f"o_ref must have shape {q.shape[:-1] + (qkv[2].shape[-1],)} (Q's rows, V's width); "
+                         f"got {np.shape(o_ref)}")
+    o = fp8_emulated(qkv, causal, rescale_threshold, p_smem, consumers, l_mma).o
+    return float(np.sqrt(np.mean((o - o_ref) ** 2)))
+
+
+def fp8_emulated(qkv: list[np.ndarray], causal: bool, rescale_threshold: float | None = None,
+                 p_smem: bool | None = None, consumers: int | None = None, l_mma: bool | None = None):
+    """The Gluon FP8 kernel's softmax arithmetic emulated in float64:
     online softmax over its key blocks (Bc of fa3_fp8.config: 256 with ``p_smem``, the d = 128
     default; 128 otherwise) with its
     warpgroups' rule for moving m (64 rows decide together; theta = 0 without a threshold, which
@@ -665,20 +683,16 @@ def fp8_emulated_rmse(qkv: list[np.ndarray], o_ref: np.ndarray, causal: bool,
     the row sums add that rounded P too. Left out: the kernel's rounding of O to
     bf16 and the FP8 wgmma's own accumulation, so this bounds the size of the kernel's error, not
     its elements. ``qkv``: the dequantised Q (B, H, N_q, d), K and V (B, H, N_k, d) as float64
-    arrays; ``o_ref`` (B, H, N_q, d)."""
+    arrays. Returns :func:`flashlab.reference.rescale.conditional_attention`'s result (o, and m_ref
+    and l in log2 units: lse2 = m_ref + log2 l)."""
     from flashlab.kernels import fa3_fp8
     from flashlab.reference.rescale import conditional_attention
 
-    q = qkv[0]
-    if np.shape(o_ref) != q.shape[:-1] + (qkv[2].shape[-1],):
-        raise ValueError(f"o_ref must have shape {q.shape[:-1] + (qkv[2].shape[-1],)} (Q's rows, V's width); "
-                         f"got {np.shape(o_ref)}")
-    shape, rule = fa3_fp8.config(q.shape[-1], p_smem, consumers), fa3_fp8._rescaling(rescale_threshold)
+    shape, rule = fa3_fp8.config(qkv[0].shape[-1], p_smem, consumers), fa3_fp8._rescaling(rescale_threshold)
     theta = max(rule["THETA"], 0.0)  # THETA < 0: rescale at every block, the rule of theta = 0
-    l_rounded = fa3_fp8._l_mma(q.shape[-1], l_mma, shape)
-    o = conditional_attention(*qkv, theta, shape["BLOCK_N"], causal, row_group=shape["BLOCK_M"],
-                              p_format="e4m3", p_shift=rule["SHIFT"], l_of_rounded_p=l_rounded).o
-    return float(np.sqrt(np.mean((o - o_ref) ** 2)))
+    l_rounded = fa3_fp8._l_mma(qkv[0].shape[-1], l_mma, shape)
+    return conditional_attention(*qkv, theta, shape["BLOCK_N"], causal, row_group=shape["BLOCK_M"],
+                                 p_format="e4m3", p_shift=rule["SHIFT"], l_of_rounded_p=l_rounded)
 
 
 def fp8_race_check(B: int = 2, H: int = 4, n: int = 1531, d: int = 128, causal: bool = True,

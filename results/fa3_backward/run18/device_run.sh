@@ -145,7 +145,7 @@ sys.exit(pytest.main(['-m', 'gpu', 'tests/test_kernels_gluon.py', '-q', '-p', 'n
       exit \$(( a | \$? ))" ;;
   ts8ps) step ts8ps 150 bash -c "$GLUON -v -k fp8_time_stamps_take_every_phase; a=\$?
       python -m flashlab.lab.experiments fp8timeline256 --out $OUT/ts8ps; exit \$(( a | \$? ))" ;;
-  tlmma) step tlmma 300 $GLUON -k "fp8 and (row_sums_on_the_tensor_cores or matches_dequantised or race_free)" ;;
+  tlmma) step tlmma 380 $GLUON -k "fp8 and (row_sums_on_the_tensor_cores or matches_dequantised or race_free)" ;;
   lmma) step lmma 150 env PYTHONPATH=. python $D/../run30/ab_lmma.py $OUT/lmma ;;
   lmma64) step lmma64 120 env AB_D=64 PYTHONPATH=. python $D/../run30/ab_lmma.py $OUT/lmma64 ;;
   psmem64) step psmem64 120 env AB_D=64 PYTHONPATH=. python $D/../run27/ab_psmem_bench.py $OUT/psmem64 ;;
