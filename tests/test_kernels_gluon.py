@@ -1058,43 +1058,55 @@ def test_fp8_p_through_shared_memory_matches_too(case):
     _fp8_matches_and_race_free(case, p_smem=True)
 
 
+# FP8_CASES and four with more tiles than twice the SMs, so that programs carry their ring and
+# barriers from one tile to the next (causal: tiles dealt in pairs)
+FP8_MANY_TILE_CASES = experiment.FP8_CASES + [(2, 16, 2048, 2048, d, c) for d in (64, 128) for c in (False, True)]
+
+
+def _fp8_race_free_at_size(case: tuple, rows_per_tile: int, **kernel) -> None:
+    """The race check at ``case``'s size where its tiles of ``rows_per_tile`` query rows outnumber
+    twice the SMs, else at fp8_race_check's own (one tile a program), for the FP8 kernel built
+    with ``kernel``."""
+    B, H, n_q, n_k, d, causal = case
+    tiles = -(-n_q // rows_per_tile) * B * H
+    if tiles >= 2 * torch.cuda.get_device_properties(0).multi_processor_count:
+        race = experiment.fp8_race_check(B, H, n_q, d, causal, **kernel)
+    else:
+        race = experiment.fp8_race_check(d=d, causal=causal, **kernel)
+    assert race["ok"], race
+
+
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("case", experiment.FP8_CASES + [(2, 16, 2048, 2048, d, c) for d in (64, 128)
-                                                         for c in (False, True)], ids=str)
+@pytest.mark.parametrize("case", FP8_MANY_TILE_CASES, ids=str)
 def test_fp8_three_consumers_match_too(case):
     """consumers=3 (P through shared memory at Bc = 128): as test_fp8_matches_dequantised_reference,
     and race-free; the last four cases (d = 64 and 128) have more tiles than twice the SMs, so
     programs carry their ring and barriers from one tile to the next (causal: tiles dealt in
     pairs), and so does the race check, run at their size."""
-    B, H, n_q, n_k, d, causal = case
     row = experiment.fp8_check_case(*case, consumers=3)
     assert row["ok"], f"{case}: {row}"
-    tiles = -(-n_q // (3 * fa3.BLOCK_M)) * B * H
-    if tiles >= 2 * torch.cuda.get_device_properties(0).multi_processor_count:
-        race = experiment.fp8_race_check(B, H, n_q, d, causal, consumers=3)
-        assert race["ok"], race
-    else:
-        race = experiment.fp8_race_check(d=d, causal=causal, consumers=3)
-        assert race["ok"], race
+    _fp8_race_free_at_size(case, 3 * fa3.BLOCK_M, consumers=3)
 
 
 @pytest.mark.gpu
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("case", experiment.FP8_CASES + [(2, 16, 2048, 2048, d, c) for d in (64, 128)
-                                                         for c in (False, True)], ids=str)
+@pytest.mark.parametrize("case", FP8_MANY_TILE_CASES, ids=str)
 def test_fp8_row_sums_on_the_tensor_cores_match_too(case):
     """l_mma=True (l summed by the tensor cores from the e4m3 P that P V reads): as
     test_fp8_matches_dequantised_reference (its lse held to the emulation whose l sums the rounded
     P), and race-free, on d's default build; the last four cases carry the ring and the ones tile
-    from tile to tile. Its output stays within 2 % of O's RMS of the build that sums l in the
+    from tile to tile, and their race check runs at their size. Its output stays within 2 % of O's RMS of the build that sums l in the
     softmax, and its lse within log2(1 + 2^-4 + N_k 2^-18) + 1e-3 of that build's (log2 units:
     each P rounds by at most 2^-4 of itself, or half e4m3's subnormal step, 2^-10 / 2^8, against
     l >= 1)."""
     B, H, n_q, n_k, d, causal = case
-    _fp8_matches_and_race_free(case, l_mma=True)
+    row = experiment.fp8_check_case(*case, l_mma=True)
+    assert row["ok"], f"{case}: {row}"
+    c = fa3_fp8.config(d)
+    _fp8_race_free_at_size(case, c["CONSUMERS"] * c["BLOCK_M"], l_mma=True)
     from flashlab.lab.experiments.fa3 import _fp8_inputs
 
     pre = _fp8_inputs(B, H, n_q, n_k, d, 0)
