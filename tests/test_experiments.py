@@ -283,10 +283,10 @@ def test_fp8_emulation_follows_l_mma():
 
 
 def test_fp8_emulated_lse_is_exact_unless_l_sums_the_rounded_p():
-    """fp8_check_case holds an l_mma kernel's lse to the emulation's, m_ref + log2 l: with l of
-    the exact P that is the float64 lse, causal rows with no key -inf; with l of the rounded P it
-    moves, at most by log2(1 + 2^-4 + N_k 2^-18) (each P rounds by 2^-4 of itself or half e4m3's
-    subnormal step, 2^-18 unshifted, against l >= 1)."""
+    """The emulation's lse, m_ref + log2 l: with l of the exact P it is the float64 lse, causal
+    rows with no key -inf; with l of the rounded P (an l_mma kernel) it moves, but at most by
+    log2(1 + 2^-4 + N_k 2^-18), the allowance fp8_check_case adds for l_mma (each P rounds by 2^-4
+    of itself or half e4m3's subnormal step, 2^-18 unshifted, against l >= 1)."""
     from flashlab.kernels.fp8 import dequantize_fp8
     from flashlab.lab.experiments import fa3
     from flashlab.reference import attention

@@ -1096,8 +1096,8 @@ def test_fp8_three_consumers_match_too(case):
 @pytest.mark.parametrize("case", FP8_MANY_TILE_CASES, ids=str)
 def test_fp8_row_sums_on_the_tensor_cores_match_too(case):
     """l_mma=True (l summed by the tensor cores from the e4m3 P that P V reads): as
-    test_fp8_matches_dequantised_reference (its lse held to the emulation whose l sums the rounded
-    P), and race-free, on d's default build; the last four cases carry the ring and the ones tile
+    test_fp8_matches_dequantised_reference (its lse, that of the rounded P, allowed
+    log2(1 + 2^-4 + N_k 2^-18) more), and race-free, on d's default build; the last four cases carry the ring and the ones tile
     from tile to tile, and their race check runs at their size. Its output stays within 2 % of O's RMS of the build that sums l in the
     softmax, and its lse within log2(1 + 2^-4 + N_k 2^-18) + 1e-3 of that build's (log2 units:
     each P rounds by at most 2^-4 of itself, or half e4m3's subnormal step, 2^-10 / 2^8, against
