@@ -489,26 +489,31 @@ def _fa3_fp8_kernel(desc_q, desc_k, desc_vt, desc_o, O, LSE, QD, KD, VD, NQB, NK
         ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, L_N, BLOCK_N], gl.NVMMASharedLayout(128, 8))
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
-                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
-                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem,
+                         bars, turn, N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         Q_SB, K_SB, PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM,
+                         CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem,
+                         bars, turn, N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         Q_SB, K_SB, PINGPONG, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM,
+                         CONSUMERS, L_MMA)),
             (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
         ], [4, 1], [fa3.CONSUMER_REGS, fa3.PRODUCER_REGS])
     else:  # three consumers: no ping-pong (its turns are for two), registers as fa3.MAXNREG_3
         gl.warp_specialize([
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
-                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
-                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
-            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem, bars, turn,
-                         N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 2, BLOCK_M, BLOCK_N, HEAD_D, STAGES, Q_SB, K_SB,
-                         False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM, CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem,
+                         bars, turn, N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         Q_SB, K_SB, False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM,
+                         CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem,
+                         bars, turn, N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         Q_SB, K_SB, False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM,
+                         CONSUMERS, L_MMA)),
+            (_consumer_fp8, (desc_o, O, LSE, QD, KD, VD, NQB, NKB, q_smem, o_smem, k_smem, v_smem, p_smem, ones_smem,
+                         bars, turn, N_Q, N_K, BH, DEAL, qk_scale, CAUSAL, 2, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         Q_SB, K_SB, False, OVERLAP, THETA, SHIFT, STAMP, STAMP_AT, STAMPS, EXP_POLY, P_SMEM,
+                         CONSUMERS, L_MMA)),
             (fa3._producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, bars, N_Q, N_K, BH, DEAL,
                          CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, True, STAMP, STAMP_AT, STAMPS, CONSUMERS)),
         ], [4, 4, 1], [fa3.CONSUMER_REGS_3, fa3.CONSUMER_REGS_3, fa3.PRODUCER_REGS])
@@ -735,7 +740,8 @@ def compile_sm90(d: int = 128, causal: bool = False, q_block: int | None = 128, 
                  l_mma: bool | None = None):
     """Compile the kernel for sm_90 without a GPU (see :func:`flashlab.kernels.fa3.compile_sm90`);
     ``pingpong``, ``overlap``, ``rescale_threshold``, ``poly_fraction``, ``p_smem``, ``consumers``,
-    ``l_mma`` as :func:`forward` takes them; ``stamps``: the build with time stamps (STAMPS=True, an int64 STAMP buffer)."""
+    ``l_mma`` as :func:`forward` takes them; ``stamps``: the build with time stamps (STAMPS=True, an
+    int64 STAMP buffer)."""
     if d not in HEAD_DIMS:
         raise ValueError(f"d must be one of {HEAD_DIMS}; got {d}")
     c = _build_config(d, p_smem, consumers, pingpong, bool(stamps))
