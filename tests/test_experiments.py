@@ -241,12 +241,11 @@ def test_conditional_rescaling_costs_fp8_rmse_only_on_a_staircase(staircase, low
     (fa3_fp8.config: Bc = 256 at d = 128, 64 rows deciding together) and scale
     (P = 2^(8 - theta) exp2(S - m))."""
     from flashlab.kernels import fa3_fp8
-    from flashlab.kernels.fp8 import dequantize_fp8
     from flashlab.lab.experiments import fa3
     from flashlab.reference import attention, rescale
 
     pre = fa3._fp8_inputs(2, 3, 1024, 1024, 128, 0, staircase, device="cpu")
-    qkv = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().numpy() for x in "qkv"]
+    qkv = fa3._dequantised(pre)
     o_ref = attention(*qkv)
     plain, theta2 = (fa3.fp8_emulated_rmse(qkv, o_ref, False, t) for t in (None, 2.0))
     assert low <= theta2 / plain <= high, (plain, theta2)
@@ -266,12 +265,11 @@ def test_fp8_emulation_follows_l_mma():
     and differs from the emulation that sums the exact P; l_mma needs a build with P in shared
     memory."""
     from flashlab.kernels import fa3_fp8
-    from flashlab.kernels.fp8 import dequantize_fp8
     from flashlab.lab.experiments import fa3
     from flashlab.reference import attention, rescale
 
     pre = fa3._fp8_inputs(1, 2, 512, 512, 128, 0, device="cpu")
-    qkv = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().numpy() for x in "qkv"]
+    qkv = fa3._dequantised(pre)
     o_ref = attention(*qkv)
     rounded = fa3.fp8_emulated_rmse(qkv, o_ref, False, l_mma=True)
     o = rescale.conditional_attention(*qkv, 0.0, fa3_fp8.config(128)["BLOCK_N"], row_group=64, p_format="e4m3",
@@ -287,12 +285,11 @@ def test_fp8_emulated_lse_is_exact_unless_l_sums_the_rounded_p():
     rows with no key -inf; with l of the rounded P (an l_mma kernel) it moves, but at most by
     log2(1 + 2^-4 + N_k 2^-18), the allowance fp8_check_case adds for l_mma (each P rounds by 2^-4
     of itself or half e4m3's subnormal step, 2^-18 unshifted, against l >= 1)."""
-    from flashlab.kernels.fp8 import dequantize_fp8
     from flashlab.lab.experiments import fa3
     from flashlab.reference import attention
 
     pre = fa3._fp8_inputs(1, 2, 300, 256, 128, 0, device="cpu")
-    qkv = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().numpy() for x in "qkv"]
+    qkv = fa3._dequantised(pre)
     _, lse_ref = attention(*qkv, causal=True, return_lse=True)  # natural log; 44 rows see no key
     lse2 = {}
     for l_mma in (False, True):

@@ -1109,9 +1109,7 @@ def test_fp8_row_sums_on_the_tensor_cores_match_too(case):
     assert row["ok"], f"{case}: {row}"
     c = fa3_fp8.config(d)
     _fp8_race_free_at_size(case, c["CONSUMERS"] * c["BLOCK_M"], l_mma=True)
-    from flashlab.lab.experiments.fa3 import _fp8_inputs
-
-    pre = _fp8_inputs(B, H, n_q, n_k, d, 0)
+    pre = experiment._fp8_inputs(B, H, n_q, n_k, d, 0)
     o1, l1 = fa3_fp8.forward(**pre, causal=causal, l_mma=False)
     o2, l2 = fa3_fp8.forward(**pre, causal=causal, l_mma=True)
     rms = o1.double().pow(2).mean().sqrt()

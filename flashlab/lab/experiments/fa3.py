@@ -591,6 +591,13 @@ def _fp8_inputs(B, H, n_q, n_k, d, seed, staircase: float = 0.0, device: str = "
     return quantize_qkv(q.to(device), k.to(device), v.to(device), block=FP8_BLOCK, v_block=None)
 
 
+def _dequantised(pre: dict[str, object]) -> list[np.ndarray]:
+    """Q, K, V as float64 arrays of the values the FP8 inputs ``pre`` (:func:`_fp8_inputs`) stand for."""
+    from flashlab.kernels.fp8 import dequantize_fp8
+
+    return [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().cpu().numpy() for x in "qkv"]
+
+
 def _staircase(q: torch.Tensor, k: torch.Tensor, rise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Q and K (B, H, N, d) whose scores, in log2 units, are 4 + chapter 7's staircase row
     (:func:`flashlab.reference.rescale.staircase_row`, blocks of FP8_BLOCK keys) in every row:
@@ -627,16 +634,15 @@ def fp8_check_case(B: int, H: int, n_q: int, n_k: int, d: int, causal: bool, see
     scores whose block maxima climb this much a key block (:func:`_staircase`), where conditional
     rescaling keeps a stale maximum for blocks on end."""
     from flashlab.kernels import fa3_fp8
-    from flashlab.kernels.fa3_fp8 import forward as fp8_forward
-    from flashlab.kernels.fp8 import dequantize_fp8, flash_attention_fp8
+    from flashlab.kernels.fp8 import flash_attention_fp8
 
     pre = _fp8_inputs(B, H, n_q, n_k, d, seed, staircase)
-    deq = [dequantize_fp8(pre[x], pre[f"{x}_descale"], pre[f"{x}_block"]).double().cpu().numpy() for x in "qkv"]
+    deq = _dequantised(pre)
     o_ref, lse_ref = attention(*deq, causal=causal, return_lse=True)
     o_ref, lse_ref = torch.from_numpy(o_ref), torch.from_numpy(lse_ref)
-    o, lse2 = fp8_forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap,
-                          rescale_threshold=rescale_threshold, poly_fraction=poly_fraction, p_smem=p_smem,
-                          consumers=consumers, l_mma=l_mma)
+    o, lse2 = fa3_fp8.forward(**pre, causal=causal, pingpong=pingpong, overlap=overlap,
+                              rescale_threshold=rescale_threshold, poly_fraction=poly_fraction, p_smem=p_smem,
+                              consumers=consumers, l_mma=l_mma)
     lse = lse2 * LN2
     o_tri = flash_attention_fp8(**pre, causal=causal)
     rmse = ((o.double().cpu() - o_ref) ** 2).mean().sqrt().item()
